@@ -1,0 +1,122 @@
+//! A Dataset: several mounts (sources) forming one tree, read in blocks through the cache.
+//!
+//! This is the seam between the serving side (FUSE, `sluice load`) and the sources: the
+//! front end asks for `(mount, object, offset, len)` and gets bytes; block keys, single-flight
+//! fetches and the per-dataset counters live here.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bytes::{Bytes, BytesMut};
+use sluice_cache_engine::{Key, Origin, Partition};
+
+use crate::source::{ObjectInfo, Source, SourceError};
+
+/// One mount of a dataset: a source shown as subdirectory `name`.
+#[derive(Debug, Clone)]
+pub struct DatasetMount {
+    pub name: String,
+    pub source: Arc<dyn Source>,
+}
+
+/// Bytes served per origin, for `sluice status` and metrics.
+#[derive(Debug, Default)]
+pub struct ServedBytes {
+    pub memory: AtomicU64,
+    pub disk: AtomicU64,
+    pub source: AtomicU64,
+}
+
+/// A dataset ready to serve.
+#[derive(Debug)]
+pub struct Dataset {
+    pub name: String,
+    pub mounts: Vec<DatasetMount>,
+    pub block_size: u64,
+    pub cache: Partition,
+    pub served: ServedBytes,
+}
+
+/// Why a dataset read failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("dataset {dataset}: {source}")]
+    Source { dataset: String, #[source] source: Arc<SourceError> },
+    #[error("dataset {dataset}: source returned {got} bytes for block {block} of {key}, expected {want}")]
+    ShortBlock { dataset: String, key: String, block: u64, got: usize, want: u64 },
+}
+
+impl Dataset {
+    /// The cache key of block `index` of `object` in `mount`: source identity, object key,
+    /// version and block index, so changed objects never share keys with old bytes.
+    pub fn block_key(&self, mount: usize, object: &ObjectInfo, index: u64) -> Key {
+        let version = object.version.as_deref().unwrap_or("");
+        Key::hash(&[
+            self.mounts[mount].source.id().as_bytes(),
+            object.key.as_bytes(),
+            version.as_bytes(),
+            &object.size.to_le_bytes(),
+            &self.block_size.to_le_bytes(),
+            &index.to_le_bytes(),
+        ])
+    }
+
+    /// Range of block `index` within the object.
+    fn block_range(&self, object: &ObjectInfo, index: u64) -> std::ops::Range<u64> {
+        let start = index * self.block_size;
+        start..(start + self.block_size).min(object.size)
+    }
+
+    /// Block `index` of `object`, from the cache or fetched once from the source.
+    pub async fn read_block(&self, mount: usize, object: &ObjectInfo, index: u64) -> Result<Bytes, ReadError> {
+        let key = self.block_key(mount, object, index);
+        let range = self.block_range(object, index);
+        let want = range.end - range.start;
+        let source = self.mounts[mount].source.clone();
+        let lookup = self
+            .cache
+            .get_or_fetch(key, || async move { source.read(object, range).await })
+            .await
+            .map_err(|source| ReadError::Source { dataset: self.name.clone(), source })?;
+        if lookup.value.len() as u64 != want {
+            return Err(ReadError::ShortBlock {
+                dataset: self.name.clone(),
+                key: object.key.clone(),
+                block: index,
+                got: lookup.value.len(),
+                want,
+            });
+        }
+        let counter = match lookup.origin {
+            Origin::Memory => &self.served.memory,
+            Origin::Disk => &self.served.disk,
+            Origin::Fetch => &self.served.source,
+        };
+        counter.fetch_add(want, Ordering::Relaxed);
+        Ok(lookup.value)
+    }
+
+    /// `len` bytes of `object` from `offset` (fewer at the end of the object).
+    pub async fn read(&self, mount: usize, object: &ObjectInfo, offset: u64, len: u64) -> Result<Bytes, ReadError> {
+        let end = (offset + len).min(object.size);
+        if offset >= end {
+            return Ok(Bytes::new());
+        }
+        let first = offset / self.block_size;
+        let last = (end - 1) / self.block_size;
+        if first == last {
+            let block = self.read_block(mount, object, first).await?;
+            let base = first * self.block_size;
+            return Ok(block.slice((offset - base) as usize..(end - base) as usize));
+        }
+        let mut out = BytesMut::with_capacity((end - offset) as usize);
+        for index in first..=last {
+            let block = self.read_block(mount, object, index).await?;
+            let base = index * self.block_size;
+            let from = offset.saturating_sub(base) as usize;
+            let to = ((end - base) as usize).min(block.len());
+            out.extend_from_slice(&block[from..to]);
+        }
+        Ok(out.freeze())
+    }
+}

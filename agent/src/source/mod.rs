@@ -1,0 +1,52 @@
+//! Where a dataset's bytes live: object stores and local paths behind one small trait.
+//!
+//! A [`Source`] lists the objects under one mount point and reads byte ranges of them. The
+//! object_store-backed implementation covers s3, gs, az, http(s) and file; tests and
+//! benchmarks can wrap a source to slow or break it.
+
+use std::fmt::Debug;
+use std::ops::Range;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+/// One object under a mount, as listed.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ObjectInfo {
+    /// Path relative to the mount point, `/`-separated, already checked to be safe.
+    pub key: String,
+    pub size: u64,
+    /// ETag or version id: part of every block key, so a changed object is never mixed with
+    /// its old bytes.
+    pub version: Option<String>,
+    /// Last modification, seconds since the epoch.
+    pub modified: i64,
+}
+
+/// Why a source operation failed. Messages never contain credentials.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error("{source_id}: object {key} not found (deleted since listing?)")]
+    NotFound { source_id: String, key: String },
+    #[error("{source_id}: object {key} changed since listing (version {expected} no longer current)")]
+    Changed { source_id: String, key: String, expected: String },
+    #[error("{source_id}: access denied: check the credentials in secretRefs ({detail})")]
+    Unauthorized { source_id: String, detail: String },
+    #[error("{source_id}: timed out after {secs:.1}s ({what})")]
+    Timeout { source_id: String, what: String, secs: f64 },
+    #[error("{source_id}: {detail}")]
+    Other { source_id: String, detail: String },
+}
+
+/// A store of objects under one mount point.
+#[async_trait]
+pub trait Source: Send + Sync + Debug {
+    /// A stable identity (scheme, endpoint, bucket, prefix; never a secret), used in block
+    /// keys and messages.
+    fn id(&self) -> &str;
+    /// Every object under the mount point.
+    async fn list(&self) -> Result<Vec<ObjectInfo>, SourceError>;
+    /// `range` of `object`; fails with [`SourceError::Changed`] if the object's version is
+    /// no longer `object.version`.
+    async fn read(&self, object: &ObjectInfo, range: Range<u64>) -> Result<Bytes, SourceError>;
+}

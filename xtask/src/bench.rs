@@ -1,0 +1,29 @@
+//! `cargo xtask bench <what> [--quick] [--json FILE]`.
+
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// Which benchmark to run.
+    pub what: Which,
+    /// A small run that finishes in a few minutes.
+    #[arg(long)]
+    pub quick: bool,
+    /// Write the figures as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum Which {
+    /// The cache engine against fio and foyer.
+    Engine,
+}
+
+pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    match args.what {
+        Which::Engine => anyhow::bail!("bench engine is not built yet"),
+    }
+}
