@@ -5,6 +5,7 @@
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod tasks;
 
 #[derive(Parser)]
 #[command(name = "cargo xtask", about = "Sluice's developer tasks")]
@@ -17,10 +18,20 @@ struct Cli {
 enum Command {
     /// Benchmarks: results as ratios against a named peer or limit, measured in one run.
     Bench(bench::BenchArgs),
+    /// The README's first command: a local dataset read cold and warm through a Sluice mount.
+    Demo,
+    /// The README's second command: installs what the tests need, then runs them all.
+    Test {
+        /// Passed on to `cargo test` (e.g. a test name filter after `--`).
+        #[arg(trailing_var_arg = true)]
+        extra: Vec<String>,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Bench(args) => bench::run(args),
+        Command::Demo => tasks::demo(),
+        Command::Test { extra } => tasks::test(&extra),
     }
 }
