@@ -20,10 +20,13 @@ pub struct BenchArgs {
 pub enum Which {
     /// The cache engine against fio and foyer.
     Engine,
+    /// Random-order epochs through Sluice against local disk and direct S3 reads.
+    Epoch,
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.what {
         Which::Engine => anyhow::bail!("bench engine is not built yet"),
+        Which::Epoch => crate::bench_epoch::run(&args),
     }
 }
