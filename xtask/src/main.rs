@@ -4,7 +4,12 @@
 
 use clap::{Parser, Subcommand};
 
+mod agent;
 mod bench;
+mod bench_epoch;
+mod seaweed;
+mod workload;
+mod ebpf;
 mod tasks;
 
 #[derive(Parser)]
@@ -18,6 +23,8 @@ struct Cli {
 enum Command {
     /// Benchmarks: results as ratios against a named peer or limit, measured in one run.
     Bench(bench::BenchArgs),
+    /// Compile ebpf-probes/bpf/*.bpf.c with clang and refresh the committed objects' stamp.
+    BuildEbpf,
     /// The README's first command: a local dataset read cold and warm through a Sluice mount.
     Demo,
     /// The README's second command: installs what the tests need, then runs them all.
@@ -31,6 +38,7 @@ enum Command {
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Bench(args) => bench::run(args),
+        Command::BuildEbpf => ebpf::build(),
         Command::Demo => tasks::demo(),
         Command::Test { extra } => tasks::test(&extra),
     }

@@ -1,0 +1,455 @@
+//! Loading, attaching and reading the probes (aya).
+
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use aya::maps::{Array, HashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf};
+use aya::programs::TracePoint;
+use aya::{Ebpf, EbpfLoader};
+
+use crate::abi::{self, MAX_PREFIXES, PREFIX_LEN};
+use crate::stats::{self, CgroupReadStats, FileAccess};
+
+/// The compiled programs (`cargo xtask build-ebpf` writes it; see `bpf/objects.stamp`).
+static OBJECT: &[u8] = aya::include_bytes_aligned!("../bpf/sluice.bpf.o");
+
+/// Every program in the object and the tracepoint it attaches to. All are required.
+pub const TRACEPOINTS: &[(&str, &str, &str)] = &[
+    ("sys_enter_openat", "syscalls", "sys_enter_openat"),
+    ("sys_exit_openat", "syscalls", "sys_exit_openat"),
+    ("sys_enter_close", "syscalls", "sys_enter_close"),
+    ("sys_enter_read", "syscalls", "sys_enter_read"),
+    ("sys_exit_read", "syscalls", "sys_exit_read"),
+    ("sys_enter_pread64", "syscalls", "sys_enter_pread64"),
+    ("sys_exit_pread64", "syscalls", "sys_exit_pread64"),
+    ("sys_enter_readv", "syscalls", "sys_enter_readv"),
+    ("sys_exit_readv", "syscalls", "sys_exit_readv"),
+    ("sys_enter_preadv", "syscalls", "sys_enter_preadv"),
+    ("sys_exit_preadv", "syscalls", "sys_exit_preadv"),
+    ("sched_switch", "sched", "sched_switch"),
+    ("fuse_request_send", "fuse", "fuse_request_send"),
+    ("fuse_request_end", "fuse", "fuse_request_end"),
+    ("io_uring_submit_req", "io_uring", "io_uring_submit_req"),
+    ("io_uring_complete", "io_uring", "io_uring_complete"),
+    ("filemap_add_to_page_cache", "filemap", "mm_filemap_add_to_page_cache"),
+];
+
+const BTF_PATH: &str = "/sys/kernel/btf/vmlinux";
+const TRACEFS_CANDIDATES: [&str; 2] = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"];
+
+/// Why the probes could not be loaded; the message names what is missing.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    /// The process lacks the capabilities to load BPF programs.
+    #[error("CAP_BPF/CAP_SYS_ADMIN missing: loading eBPF probes needs CAP_BPF and CAP_PERFMON, or CAP_SYS_ADMIN")]
+    MissingCapabilities,
+    /// The kernel exposes no BTF, needed for CO-RE relocations.
+    #[error("BTF not available: {path} is missing (kernel built without CONFIG_DEBUG_INFO_BTF)")]
+    BtfUnavailable {
+        /// Where BTF was looked for.
+        path: PathBuf,
+    },
+    /// tracefs is not mounted.
+    #[error("tracefs not mounted at /sys/kernel/tracing or /sys/kernel/debug/tracing (mount -t tracefs nodev /sys/kernel/tracing)")]
+    TracefsMissing,
+    /// A tracepoint the probes need does not exist on this kernel.
+    #[error("tracepoint {category}/{name} not found under {tracefs}/events (kernel too old, or its module not loaded)")]
+    TracepointMissing {
+        /// Tracepoint category, e.g. `fuse`.
+        category: String,
+        /// Tracepoint name, e.g. `fuse_request_send`.
+        name: String,
+        /// The tracefs mount that was searched.
+        tracefs: PathBuf,
+    },
+    /// A watched path in the configuration is unusable.
+    #[error("watched path {path}: {reason}")]
+    InvalidWatch {
+        /// The path as configured.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The configuration is out of range.
+    #[error("probe configuration: {0}")]
+    InvalidConfig(String),
+    /// aya could not parse, relocate or create the object's maps.
+    #[error("loading the eBPF object: {0}")]
+    Load(#[source] aya::EbpfError),
+    /// A program failed to load (verifier) or attach.
+    #[error("eBPF program {program}: {source}")]
+    Program {
+        /// The program's name.
+        program: &'static str,
+        /// aya's error (contains the verifier log on a load failure).
+        #[source]
+        source: aya::programs::ProgramError,
+    },
+    /// A map could not be opened, read or written.
+    #[error("eBPF map {map}: {source}")]
+    Map {
+        /// The map's name.
+        map: &'static str,
+        /// aya's error.
+        #[source]
+        source: aya::maps::MapError,
+    },
+    /// The object lacks a map or program this crate expects (stale object).
+    #[error("{0} missing from the eBPF object; run cargo xtask build-ebpf")]
+    MissingFromObject(&'static str),
+}
+
+/// One thing to watch; its index in [`ProbeConfig::watch`] is its `mount_id` in the stats.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WatchedPath {
+    /// Every file on the filesystem that holds this path (matched by the superblock's
+    /// device number): meant for a Sluice FUSE mount point or any dedicated mount.
+    Filesystem(PathBuf),
+    /// Files opened (openat) by an absolute path under this directory, on any filesystem.
+    /// Relative paths are not matched; prefer [`WatchedPath::Filesystem`] when possible.
+    Prefix(PathBuf),
+}
+
+/// What to load: watched paths and sampling.
+#[derive(Clone, Debug)]
+pub struct ProbeConfig {
+    /// Watched filesystems and path prefixes (at most 256 filesystems and 8 prefixes).
+    pub watch: Vec<WatchedPath>,
+    /// Send 1 of every N dataset reads to the ring buffer (per CPU); 0 sends none.
+    pub sample_every: u32,
+    /// Ring buffer size in bytes: a power of two, at least one page.
+    pub ring_buffer_bytes: u32,
+}
+
+impl Default for ProbeConfig {
+    fn default() -> Self {
+        Self { watch: Vec::new(), sample_every: 16, ring_buffer_bytes: 1 << 20 }
+    }
+}
+
+impl ProbeConfig {
+    /// Watch a whole filesystem (the one holding `path`).
+    pub fn watch_filesystem(mut self, path: impl Into<PathBuf>) -> Self {
+        self.watch.push(WatchedPath::Filesystem(path.into()));
+        self
+    }
+
+    /// Watch files opened by absolute paths under `dir`.
+    pub fn watch_prefix(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.watch.push(WatchedPath::Prefix(dir.into()));
+        self
+    }
+
+    /// Sample 1 of every `n` dataset reads into the ring buffer; 0 disables sampling.
+    pub fn sample_every(mut self, n: u32) -> Self {
+        self.sample_every = n;
+        self
+    }
+}
+
+/// The loaded and attached probes. Dropping it detaches and unloads everything; nothing
+/// is pinned in /sys/fs/bpf.
+pub struct Probes {
+    // Owns the programs, their tracepoint links and the maps; dropping it closes them all.
+    ebpf: Ebpf,
+    accesses: RingBuf<MapData>,
+    config: ProbeConfig,
+}
+
+impl std::fmt::Debug for Probes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Probes").field("config", &self.config).finish_non_exhaustive()
+    }
+}
+
+impl Probes {
+    /// Check the kernel and privileges, load and attach every program, fill the watch maps.
+    pub fn load(config: ProbeConfig) -> Result<Self, ProbeError> {
+        check_capabilities()?;
+        if !Path::new(BTF_PATH).exists() {
+            return Err(ProbeError::BtfUnavailable { path: BTF_PATH.into() });
+        }
+        let tracefs = find_tracefs().ok_or(ProbeError::TracefsMissing)?;
+        check_tracepoints(&tracefs)?;
+        let (devs, prefixes) = resolve_watches(&config.watch)?;
+        let ring = config.ring_buffer_bytes;
+        if !ring.is_power_of_two() || ring < 4096 {
+            return Err(ProbeError::InvalidConfig(format!(
+                "ring_buffer_bytes {ring} must be a power of two of at least 4096"
+            )));
+        }
+
+        let mut ebpf = EbpfLoader::new().map_max_entries("accesses", ring).load(OBJECT).map_err(ProbeError::Load)?;
+        for &(program, category, name) in TRACEPOINTS {
+            let prog: &mut TracePoint = ebpf
+                .program_mut(program)
+                .ok_or(ProbeError::MissingFromObject(program))?
+                .try_into()
+                .map_err(|source| ProbeError::Program { program, source })?;
+            prog.load().map_err(|source| ProbeError::Program { program, source })?;
+            prog.attach(category, name).map_err(|source| ProbeError::Program { program, source })?;
+        }
+
+        {
+            let mut map: HashMap<&mut MapData, u32, abi::WatchedDev> = map_mut(&mut ebpf, "watched_devs")?;
+            for (dev, mount_id) in devs {
+                map.insert(dev, abi::WatchedDev { mount_id, _pad: 0 }, 0)
+                    .map_err(|source| ProbeError::Map { map: "watched_devs", source })?;
+            }
+        }
+        {
+            let mut map: Array<&mut MapData, abi::Prefix> = map_mut(&mut ebpf, "watched_prefixes")?;
+            for (i, prefix) in prefixes.into_iter().enumerate() {
+                map.set(i as u32, prefix, 0).map_err(|source| ProbeError::Map { map: "watched_prefixes", source })?;
+            }
+        }
+        let accesses = ebpf.take_map("accesses").ok_or(ProbeError::MissingFromObject("accesses"))?;
+        let accesses = RingBuf::try_from(accesses).map_err(|source| ProbeError::Map { map: "accesses", source })?;
+        let mut probes = Self { ebpf, accesses, config };
+        probes.set_sample_every(probes.config.sample_every)?;
+        Ok(probes)
+    }
+
+    /// Change the sampling rate of the access stream at run time (0 stops it).
+    pub fn set_sample_every(&mut self, n: u32) -> Result<(), ProbeError> {
+        let mut map: Array<&mut MapData, abi::Config> = map_mut(&mut self.ebpf, "config")?;
+        map.set(0, abi::Config { sample_every: n, _pad: 0 }, 0)
+            .map_err(|source| ProbeError::Map { map: "config", source })?;
+        self.config.sample_every = n;
+        Ok(())
+    }
+
+    /// The configuration the probes run with (`mount_id` = index in `watch`).
+    pub fn config(&self) -> &ProbeConfig {
+        &self.config
+    }
+
+    /// Cumulative dataset-read counters per (cgroup, watched mount), summed over CPUs.
+    pub fn snapshot(&self) -> Result<Vec<CgroupReadStats>, ProbeError> {
+        let reads: PerCpuHashMap<&MapData, abi::ReadKey, abi::ReadStats> = map_ref(&self.ebpf, "read_stats")?;
+        let reads = reads
+            .iter()
+            .map(|r| r.map(|(k, v)| (k, v.to_vec())))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|source| ProbeError::Map { map: "read_stats", source })?;
+        let fuse: PerCpuHashMap<&MapData, abi::FuseKey, abi::FuseStats> = map_ref(&self.ebpf, "fuse_stats")?;
+        let fuse = fuse
+            .iter()
+            .map(|r| r.map(|(k, v)| (k, v.to_vec())))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|source| ProbeError::Map { map: "fuse_stats", source })?;
+        Ok(stats::merge(reads, fuse))
+    }
+
+    /// Drop the counters of a cgroup that no longer exists, so the maps do not fill up.
+    pub fn forget_cgroup(&mut self, cgroup_id: u64) -> Result<(), ProbeError> {
+        let mut reads: PerCpuHashMap<&mut MapData, abi::ReadKey, abi::ReadStats> =
+            map_mut(&mut self.ebpf, "read_stats")?;
+        let keys: Vec<_> = reads.keys().filter_map(Result::ok).filter(|k| k.cgroup_id == cgroup_id).collect();
+        for k in keys {
+            let _ = reads.remove(&k); // already gone is fine
+        }
+        let mut fuse: PerCpuHashMap<&mut MapData, abi::FuseKey, abi::FuseStats> =
+            map_mut(&mut self.ebpf, "fuse_stats")?;
+        let keys: Vec<_> = fuse.keys().filter_map(Result::ok).filter(|k| k.cgroup_id == cgroup_id).collect();
+        for k in keys {
+            let _ = fuse.remove(&k);
+        }
+        Ok(())
+    }
+
+    /// Take every sampled access waiting in the ring buffer (never blocks).
+    pub fn drain_accesses(&mut self) -> Vec<FileAccess> {
+        let mut out = Vec::new();
+        while let Some(item) = self.accesses.next() {
+            if let Some(raw) = abi::RawFileAccess::from_bytes(&item) {
+                out.push(FileAccess::from_raw(&raw));
+            }
+        }
+        out
+    }
+
+    /// A descriptor that polls readable when accesses are waiting (for `tokio::io::unix::AsyncFd`).
+    pub fn accesses_fd(&self) -> BorrowedFd<'_> {
+        self.accesses.as_fd()
+    }
+
+    /// Sampled accesses dropped because the ring buffer was full, since load.
+    pub fn lost_events(&self) -> Result<u64, ProbeError> {
+        self.lost_counter(0)
+    }
+
+    /// Counter updates dropped because a stats map was full, since load.
+    pub fn lost_stat_updates(&self) -> Result<u64, ProbeError> {
+        self.lost_counter(1)
+    }
+
+    fn lost_counter(&self, index: u32) -> Result<u64, ProbeError> {
+        let lost: PerCpuArray<&MapData, u64> = map_ref(&self.ebpf, "lost")?;
+        let values = lost.get(&index, 0).map_err(|source| ProbeError::Map { map: "lost", source })?;
+        Ok(values.iter().sum())
+    }
+
+    /// Kernel ids of the loaded programs (to check from outside that they are gone after drop).
+    pub fn program_ids(&self) -> Vec<u32> {
+        self.ebpf.programs().filter_map(|(_, p)| p.info().ok()).map(|i| i.id()).collect()
+    }
+}
+
+fn map_ref<'a, T>(ebpf: &'a Ebpf, name: &'static str) -> Result<T, ProbeError>
+where
+    T: TryFrom<&'a aya::maps::Map, Error = aya::maps::MapError>,
+{
+    let map = ebpf.map(name).ok_or(ProbeError::MissingFromObject(name))?;
+    T::try_from(map).map_err(|source| ProbeError::Map { map: name, source })
+}
+
+fn map_mut<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<T, ProbeError>
+where
+    T: TryFrom<&'a mut aya::maps::Map, Error = aya::maps::MapError>,
+{
+    let map = ebpf.map_mut(name).ok_or(ProbeError::MissingFromObject(name))?;
+    T::try_from(map).map_err(|source| ProbeError::Map { map: name, source })
+}
+
+/// Needs CAP_SYS_ADMIN, or CAP_BPF with CAP_PERFMON (tracepoints are perf events).
+fn check_capabilities() -> Result<(), ProbeError> {
+    const CAP_SYS_ADMIN: u32 = 21;
+    const CAP_PERFMON: u32 = 38;
+    const CAP_BPF: u32 = 39;
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or(0);
+    let has = |cap: u32| eff & (1u64 << cap) != 0;
+    if has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON)) {
+        Ok(())
+    } else {
+        Err(ProbeError::MissingCapabilities)
+    }
+}
+
+fn find_tracefs() -> Option<PathBuf> {
+    TRACEFS_CANDIDATES.iter().map(PathBuf::from).find(|p| p.join("events").is_dir())
+}
+
+/// Every tracepoint in [`TRACEPOINTS`] exists under `tracefs/events`.
+pub(crate) fn check_tracepoints(tracefs: &Path) -> Result<(), ProbeError> {
+    for &(_, category, name) in TRACEPOINTS {
+        if !tracefs.join("events").join(category).join(name).is_dir() {
+            return Err(ProbeError::TracepointMissing {
+                category: category.into(),
+                name: name.into(),
+                tracefs: tracefs.into(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The kernel's internal dev_t (`MAJOR << 20 | MINOR`, as in `sb->s_dev`) of a user `st_dev`.
+pub(crate) fn kernel_dev(st_dev: u64) -> u32 {
+    (libc::major(st_dev) << 20) | (libc::minor(st_dev) & 0xfffff)
+}
+
+/// User-space `st_dev` of a kernel `s_dev`.
+pub(crate) fn user_dev(s_dev: u32) -> u64 {
+    libc::makedev(s_dev >> 20, s_dev & 0xfffff)
+}
+
+type Watches = (Vec<(u32, u32)>, Vec<abi::Prefix>);
+
+/// Turn the configured paths into (s_dev, mount_id) pairs and prefix slots.
+fn resolve_watches(watch: &[WatchedPath]) -> Result<Watches, ProbeError> {
+    let mut devs = Vec::new();
+    let mut prefixes = Vec::new();
+    for (mount_id, w) in watch.iter().enumerate() {
+        let mount_id = mount_id as u32;
+        match w {
+            WatchedPath::Filesystem(path) => {
+                let meta = std::fs::metadata(path).map_err(|e| ProbeError::InvalidWatch {
+                    path: path.clone(),
+                    reason: format!("cannot stat it: {e}"),
+                })?;
+                let dev = kernel_dev(meta.dev());
+                if let Some(&(_, other)) = devs.iter().find(|(d, _)| *d == dev) {
+                    return Err(ProbeError::InvalidWatch {
+                        path: path.clone(),
+                        reason: format!("same filesystem as watched path #{other}"),
+                    });
+                }
+                let parent_dev = path.canonicalize().ok().and_then(|p| p.parent().map(Path::to_owned));
+                if parent_dev.and_then(|p| std::fs::metadata(p).ok()).is_some_and(|m| m.dev() == meta.dev()) {
+                    tracing::warn!(path = %path.display(), "not a mount point: every file of its filesystem is watched");
+                }
+                devs.push((dev, mount_id));
+            }
+            WatchedPath::Prefix(path) => {
+                let invalid = |reason: &str| ProbeError::InvalidWatch { path: path.clone(), reason: reason.into() };
+                let full = path.canonicalize().unwrap_or_else(|_| path.clone());
+                let text = full.to_str().ok_or_else(|| invalid("not UTF-8"))?.trim_end_matches('/');
+                if !text.starts_with('/') {
+                    return Err(invalid("must be absolute"));
+                }
+                if text.is_empty() {
+                    return Err(invalid("'/' would watch every file; watch a filesystem instead"));
+                }
+                if text.len() > PREFIX_LEN {
+                    return Err(invalid(&format!("longer than {PREFIX_LEN} bytes")));
+                }
+                if prefixes.len() == MAX_PREFIXES {
+                    return Err(invalid(&format!("at most {MAX_PREFIXES} prefixes can be watched")));
+                }
+                let mut slot = abi::Prefix { len: text.len() as u32, mount_id, path: [0; PREFIX_LEN] };
+                slot.path[..text.len()].copy_from_slice(text.as_bytes());
+                prefixes.push(slot);
+            }
+        }
+    }
+    Ok((devs, prefixes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_tracepoint_is_named() {
+        let root = tempfile::tempdir().unwrap();
+        for &(_, cat, name) in TRACEPOINTS {
+            if cat != "fuse" {
+                std::fs::create_dir_all(root.path().join("events").join(cat).join(name)).unwrap();
+            }
+        }
+        let err = check_tracepoints(root.path()).unwrap_err().to_string();
+        assert!(err.contains("tracepoint fuse/fuse_request_send not found"), "{err}");
+        std::fs::create_dir_all(root.path().join("events/fuse/fuse_request_send")).unwrap();
+        std::fs::create_dir_all(root.path().join("events/fuse/fuse_request_end")).unwrap();
+        check_tracepoints(root.path()).unwrap();
+    }
+
+    #[test]
+    fn device_numbers_round_trip_between_kernel_and_user_encodings() {
+        let st_dev = libc::makedev(259, 1_048_575);
+        assert_eq!(kernel_dev(st_dev), (259 << 20) | 1_048_575);
+        assert_eq!(user_dev(kernel_dev(st_dev)), st_dev);
+        assert_eq!(kernel_dev(libc::makedev(0, 52)), 52);
+    }
+
+    #[test]
+    fn prefixes_are_validated() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, p) = resolve_watches(&[WatchedPath::Prefix(dir.path().join("data/"))]).unwrap();
+        let want = dir.path().join("data");
+        assert_eq!(&p[0].path[..p[0].len as usize], want.to_str().unwrap().as_bytes());
+        assert!(resolve_watches(&[WatchedPath::Prefix("relative".into())]).is_err());
+        assert!(resolve_watches(&[WatchedPath::Prefix("/".into())]).is_err());
+        let long = format!("/{}", "x".repeat(PREFIX_LEN));
+        assert!(resolve_watches(&[WatchedPath::Prefix(long.into())]).is_err());
+        let err = resolve_watches(&[WatchedPath::Filesystem("/nonexistent/sluice".into())]).unwrap_err();
+        assert!(err.to_string().contains("/nonexistent/sluice"), "{err}");
+    }
+}
