@@ -24,9 +24,26 @@
 //!         - { key: secretAccessKey, file: /etc/sluice/secret-key }
 //!   cache: { policy: epoch, quota: 100GiB }
 //! ```
+//!
+//! [`Config::load`] reads the file, applies environment overrides to the agent section and
+//! validates everything; errors name the file, the line and the field
+//! (`config.yaml line 12: spec.mounts[0].mountPoint: missing field`).
+//!
+//! Environment overrides (they win over the file):
+//!
+//! | variable | field |
+//! | --- | --- |
+//! | `SLUICE_MOUNT_ROOT` | `agent.mountRoot` |
+//! | `SLUICE_STATE_DIR` | `agent.stateDir` |
+//! | `SLUICE_METRICS_ADDR` | `agent.metricsAddr` (empty disables metrics) |
+//! | `SLUICE_ADMIN_SOCKET` | `agent.adminSocket` |
+//! | `SLUICE_CACHE_MEMORY` | `agent.cache.memory` (e.g. `8GiB`) |
+//! | `SLUICE_CACHE_ENGINE` | `agent.cache.engine` |
+//! | `SLUICE_BLOCK_SIZE` | `agent.blockSize` |
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -219,6 +236,347 @@ impl<'de> Deserialize<'de> for ByteSize {
         match Raw::deserialize(d)? {
             Raw::N(n) => Ok(ByteSize(n)),
             Raw::S(s) => ByteSize::parse(&s).map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+/// The apiVersion of `Dataset` documents this agent understands.
+pub const API_VERSION: &str = "sluice.io/v1alpha1";
+
+/// Why the configuration cannot be used. `Display` names the file, line and field.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read { path: PathBuf, #[source] source: std::io::Error },
+    /// Bad YAML or a value of the wrong shape.
+    #[error("{file}{}: {}{message}", line_suffix(*line), field_prefix(field))]
+    Parse { file: String, line: Option<usize>, field: String, message: String },
+    /// Well-formed but not acceptable (duplicate names, unknown scheme, …).
+    #[error("{file}{}: {}{message}", line_suffix(*line), field_prefix(field))]
+    Invalid { file: String, line: Option<usize>, field: String, message: String },
+    #[error("environment variable {var}: {message}")]
+    Env { var: String, message: String },
+}
+
+fn line_suffix(line: Option<usize>) -> String {
+    line.map(|l| format!(" line {l}")).unwrap_or_default()
+}
+
+fn field_prefix(field: &str) -> String {
+    if field.is_empty() || field == "." { String::new() } else { format!("{field}: ") }
+}
+
+/// The `agent:` document's shape.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AgentDocument {
+    agent: AgentConfig,
+}
+
+/// One YAML document of the file and the line it starts on.
+struct Document<'a> {
+    text: &'a str,
+    /// 0-based line of the file where `text` begins.
+    first_line: usize,
+}
+
+/// Splits a multi-document YAML file at its `---` lines, keeping line numbers.
+fn split_documents(text: &str) -> Vec<Document<'_>> {
+    let mut docs = Vec::new();
+    let mut start = 0usize;
+    let mut start_line = 0usize;
+    let mut offset = 0usize;
+    for (i, line) in text.split_inclusive('\n').enumerate() {
+        let bare = line.trim_end();
+        if bare == "---" || bare.starts_with("--- ") || bare.starts_with("---\t") {
+            docs.push(Document { text: &text[start..offset], first_line: start_line });
+            // A document may begin on the marker line itself (`--- {…}`); keep its line.
+            start = offset + 3;
+            start_line = i;
+        }
+        offset += line.len();
+    }
+    docs.push(Document { text: &text[start..], first_line: start_line });
+    docs
+}
+
+impl Config {
+    /// Reads, overrides from the process environment and validates `path`.
+    pub fn load(path: impl AsRef<Path>) -> Result<Config, ConfigError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+        let name = path.display().to_string();
+        Config::parse_with_env(&name, &text, |var| std::env::var(var).ok())
+    }
+
+    /// Parses and validates `text` (no environment overrides); errors name the file
+    /// `config.yaml`.
+    pub fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse_with_env("config.yaml", text, |_| None)
+    }
+
+    /// Parses `text` (named `file` in errors), applies overrides looked up with `env`, and
+    /// validates.
+    pub fn parse_with_env(file: &str, text: &str, env: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+        let mut config = Config::default();
+        let mut agent_seen = false;
+        // Where each dataset came from, for validation messages.
+        let mut origins = Vec::new();
+        for doc in split_documents(text) {
+            let value: serde_yaml::Value = match serde_yaml::from_str(doc.text) {
+                Ok(v) => v,
+                Err(e) => return Err(parse_error(file, &doc, None, e)),
+            };
+            let map = match &value {
+                serde_yaml::Value::Null => continue,
+                serde_yaml::Value::Mapping(m) => m,
+                _ => {
+                    return Err(ConfigError::Parse {
+                        file: file.into(),
+                        line: Some(first_content_line(&doc)),
+                        field: String::new(),
+                        message: "expected an `agent:` section or a `kind: Dataset` document".into(),
+                    });
+                }
+            };
+            if map.contains_key("kind") || map.contains_key("apiVersion") {
+                let spec: DatasetSpec = deserialize_doc(file, &doc)?;
+                origins.push(doc.first_line);
+                config.datasets.push(spec);
+                let spec = config.datasets.last().expect("just pushed");
+                validate_dataset(file, &doc, spec)?;
+            } else if map.contains_key("agent") {
+                if agent_seen {
+                    return Err(ConfigError::Invalid {
+                        file: file.into(),
+                        line: Some(first_content_line(&doc)),
+                        field: "agent".into(),
+                        message: "a second `agent:` section; give it once".into(),
+                    });
+                }
+                agent_seen = true;
+                config.agent = deserialize_doc::<AgentDocument>(file, &doc)?.agent;
+            } else {
+                return Err(ConfigError::Parse {
+                    file: file.into(),
+                    line: Some(first_content_line(&doc)),
+                    field: String::new(),
+                    message: "expected an `agent:` section or a `kind: Dataset` document (with apiVersion, kind, metadata, spec)".into(),
+                });
+            }
+        }
+        let mut names = HashSet::new();
+        for (spec, first_line) in config.datasets.iter().zip(&origins) {
+            if !names.insert(spec.metadata.name.as_str()) {
+                return Err(ConfigError::Invalid {
+                    file: file.into(),
+                    line: Some(first_line + 1),
+                    field: "metadata.name".into(),
+                    message: format!("dataset {:?} is defined twice; names must be unique", spec.metadata.name),
+                });
+            }
+        }
+        config.agent.apply_env(env)?;
+        config.agent.validate(file)?;
+        Ok(config)
+    }
+}
+
+/// Deserializes one document, tracking the field path for errors.
+fn deserialize_doc<T: serde::de::DeserializeOwned>(file: &str, doc: &Document<'_>) -> Result<T, ConfigError> {
+    let de = serde_yaml::Deserializer::from_str(doc.text);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        parse_error(file, doc, Some(path), e.into_inner())
+    })
+}
+
+fn parse_error(file: &str, doc: &Document<'_>, path: Option<String>, e: serde_yaml::Error) -> ConfigError {
+    let line = e.location().map(|l| doc.first_line + l.line());
+    let mut field = path.unwrap_or_default();
+    let mut message = e.to_string();
+    // serde_yaml appends " at line L column C"; the line is already in front.
+    if let Some(i) = message.find(" at line ") {
+        message.truncate(i);
+    }
+    // `missing field `x`` is reported at the enclosing mapping: name the field itself.
+    if let Some(rest) = message.strip_prefix("missing field `")
+        && let Some(name) = rest.strip_suffix('`')
+    {
+        field = if field.is_empty() || field == "." { name.to_string() } else { format!("{field}.{name}") };
+        message = "missing field".into();
+    }
+    ConfigError::Parse { file: file.into(), line, field, message }
+}
+
+/// 1-based line of the first non-blank, non-comment line of `doc`.
+fn first_content_line(doc: &Document<'_>) -> usize {
+    doc.text
+        .lines()
+        .position(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
+        .map(|i| doc.first_line + i + 1)
+        .unwrap_or(doc.first_line + 1)
+}
+
+/// 1-based file line of the first line of `doc` containing `needle` (best effort: where a
+/// validation error points).
+fn line_of(doc: &Document<'_>, needle: &str) -> usize {
+    doc.text
+        .lines()
+        .position(|l| l.contains(needle))
+        .map(|i| doc.first_line + i + 1)
+        .unwrap_or_else(|| first_content_line(doc))
+}
+
+/// Whether `name` can be a directory name under the mount root without surprises.
+fn safe_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && !name.starts_with(['.', '-'])
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+fn validate_dataset(file: &str, doc: &Document<'_>, spec: &DatasetSpec) -> Result<(), ConfigError> {
+    let invalid = |needle: &str, field: String, message: String| ConfigError::Invalid {
+        file: file.into(),
+        line: Some(line_of(doc, needle)),
+        field,
+        message,
+    };
+    if spec.api_version != API_VERSION {
+        return Err(invalid("apiVersion", "apiVersion".into(), format!("unsupported apiVersion {:?}; this agent reads {API_VERSION}", spec.api_version)));
+    }
+    if spec.kind != "Dataset" {
+        return Err(invalid("kind", "kind".into(), format!("unsupported kind {:?}; expected Dataset", spec.kind)));
+    }
+    let name = &spec.metadata.name;
+    if !safe_name(name) {
+        return Err(invalid("name", "metadata.name".into(), format!("dataset name {name:?} cannot be a directory name: use letters, digits, '-', '_' and '.', not starting with '.' or '-'")));
+    }
+    if spec.spec.mounts.is_empty() {
+        return Err(invalid("mounts", "spec.mounts".into(), "a dataset needs at least one mount".into()));
+    }
+    let mut mount_names = HashSet::new();
+    for (i, m) in spec.spec.mounts.iter().enumerate() {
+        let field = |f: &str| format!("spec.mounts[{i}].{f}");
+        if m.name.is_empty() {
+            if spec.spec.mounts.len() > 1 {
+                return Err(invalid(&m.mount_point, field("name"), "with several mounts each needs a name (its subdirectory)".into()));
+            }
+        } else if !safe_name(&m.name) {
+            return Err(invalid(&m.name, field("name"), format!("mount name {:?} cannot be a directory name: use letters, digits, '-', '_' and '.', not starting with '.' or '-'", m.name)));
+        }
+        if !mount_names.insert(m.name.as_str()) {
+            return Err(invalid(&m.name, field("name"), format!("mount name {:?} is used twice in dataset {name:?}", m.name)));
+        }
+        if let Err(message) = crate::source::MountPoint::parse(&m.mount_point) {
+            return Err(invalid(&m.mount_point, field("mountPoint"), message));
+        }
+        for (j, r) in m.secret_refs.iter().enumerate() {
+            if r.env.is_some() == r.file.is_some() {
+                return Err(invalid(&r.key, format!("spec.mounts[{i}].secretRefs[{j}]"), format!("secret {:?}: give exactly one of `env` or `file`", r.key)));
+            }
+        }
+    }
+    spec.spec.cache.partition_config().map_err(|message| invalid("policy", "spec.cache.policy".into(), message))?;
+    Ok(())
+}
+
+impl DatasetCacheSpec {
+    /// The cache partition settings this spec asks for.
+    pub fn partition_config(&self) -> Result<sluice_cache_engine::PartitionConfig, String> {
+        let policy = match self.policy.as_deref() {
+            None | Some("general") => sluice_cache_engine::Policy::General,
+            Some("epoch") => sluice_cache_engine::Policy::Epoch,
+            Some(other) => return Err(format!("unknown cache policy {other:?}: use general or epoch")),
+        };
+        Ok(sluice_cache_engine::PartitionConfig { policy, quota: self.quota.map(|q| q.0) })
+    }
+}
+
+impl AgentConfig {
+    /// Applies the `SLUICE_*` overrides found by `env` (see the module doc).
+    pub fn apply_env(&mut self, env: impl Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
+        let size = |var: &str, v: &str| ByteSize::parse(v).map_err(|message| ConfigError::Env { var: var.into(), message });
+        if let Some(v) = env("SLUICE_MOUNT_ROOT") {
+            self.mount_root = v.into();
+        }
+        if let Some(v) = env("SLUICE_STATE_DIR") {
+            self.state_dir = v.into();
+        }
+        if let Some(v) = env("SLUICE_METRICS_ADDR") {
+            self.metrics_addr = Some(v);
+        }
+        if let Some(v) = env("SLUICE_ADMIN_SOCKET") {
+            self.admin_socket = v.into();
+        }
+        if let Some(v) = env("SLUICE_CACHE_MEMORY") {
+            self.cache.memory = size("SLUICE_CACHE_MEMORY", &v)?;
+        }
+        if let Some(v) = env("SLUICE_CACHE_ENGINE") {
+            self.cache.engine = v;
+        }
+        if let Some(v) = env("SLUICE_BLOCK_SIZE") {
+            self.block_size = size("SLUICE_BLOCK_SIZE", &v)?;
+        }
+        // "Empty disables it", whichever way the empty value arrived.
+        if self.metrics_addr.as_deref().is_some_and(|a| a.trim().is_empty()) {
+            self.metrics_addr = None;
+        }
+        Ok(())
+    }
+
+    fn validate(&self, file: &str) -> Result<(), ConfigError> {
+        let invalid = |field: String, message: String| ConfigError::Invalid { file: file.into(), line: None, field, message };
+        if self.block_size.0 == 0 {
+            return Err(invalid("agent.blockSize".into(), "must be more than 0".into()));
+        }
+        self.cache.engine_kind().map_err(|m| invalid("agent.cache.engine".into(), m))?;
+        for (i, d) in self.cache.disks.iter().enumerate() {
+            for (name, w) in [("highWatermark", d.high_watermark), ("lowWatermark", d.low_watermark)] {
+                if let Some(w) = w
+                    && !(w > 0.0 && w <= 1.0)
+                {
+                    return Err(invalid(format!("agent.cache.disks[{i}].{name}"), format!("{w} is not in (0, 1]")));
+                }
+            }
+            if let (Some(h), Some(l)) = (d.high_watermark, d.low_watermark)
+                && l > h
+            {
+                return Err(invalid(format!("agent.cache.disks[{i}].lowWatermark"), format!("{l} is above highWatermark {h}")));
+            }
+        }
+        Ok(())
+    }
+
+    /// The cache this section describes, ready to `open`.
+    pub fn cache_builder(&self) -> Result<sluice_cache_engine::CacheBuilder, String> {
+        let mut b = sluice_cache_engine::CacheBuilder::new()
+            .memory_capacity(self.cache.memory.0)
+            .engine(self.cache.engine_kind()?)
+            .max_value_size(self.block_size.0);
+        for d in &self.cache.disks {
+            let mut disk = sluice_cache_engine::DiskConfig::new(&d.path, d.capacity.0);
+            if let Some(h) = d.high_watermark {
+                disk.high_watermark = h;
+            }
+            if let Some(l) = d.low_watermark {
+                disk.low_watermark = l;
+            }
+            b = b.disk(disk);
+        }
+        Ok(b)
+    }
+}
+
+impl AgentCacheConfig {
+    /// The I/O engine named by `engine`.
+    pub fn engine_kind(&self) -> Result<sluice_cache_engine::EngineKind, String> {
+        match self.engine.as_str() {
+            "auto" | "" => Ok(sluice_cache_engine::EngineKind::Auto),
+            "io_uring" | "io-uring" | "iouring" => Ok(sluice_cache_engine::EngineKind::IoUring),
+            "psync" => Ok(sluice_cache_engine::EngineKind::Psync),
+            other => Err(format!("unknown engine {other:?}: use auto, io_uring or psync")),
         }
     }
 }

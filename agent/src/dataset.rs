@@ -8,8 +8,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::{Bytes, BytesMut};
-use sluice_cache_engine::{Key, Origin, Partition};
+use sluice_cache_engine::{Cache, Key, Origin, Partition};
 
+use crate::config::DatasetSpec;
 use crate::source::{ObjectInfo, Source, SourceError};
 
 /// One mount of a dataset: a source shown as subdirectory `name`.
@@ -46,7 +47,44 @@ pub enum ReadError {
     ShortBlock { dataset: String, key: String, block: u64, got: usize, want: u64 },
 }
 
+/// Why a dataset could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("dataset {dataset}, mount {mount:?}: {source}")]
+    Mount { dataset: String, mount: String, #[source] source: SourceError },
+    #[error("dataset {dataset}: {message}")]
+    Invalid { dataset: String, message: String },
+}
+
 impl Dataset {
+    /// Builds every mount's source and the dataset's cache partition (named after the
+    /// dataset, with the spec's policy and quota). Makes no request to the sources.
+    pub fn open(spec: &DatasetSpec, cache: &Cache, block_size: u64) -> Result<Dataset, OpenError> {
+        let name = spec.metadata.name.clone();
+        let mut mounts = Vec::with_capacity(spec.spec.mounts.len());
+        for m in &spec.spec.mounts {
+            let source = crate::source::open(m)
+                .map_err(|source| OpenError::Mount { dataset: name.clone(), mount: m.name.clone(), source })?;
+            mounts.push(DatasetMount { name: m.name.clone(), source });
+        }
+        Dataset::from_mounts(name, mounts, spec.spec.cache.partition_config().map_err(|message| OpenError::Invalid { dataset: spec.metadata.name.clone(), message })?, cache, block_size)
+    }
+
+    /// A dataset over already built sources (tests, benchmarks, throttled sources).
+    pub fn from_mounts(
+        name: String,
+        mounts: Vec<DatasetMount>,
+        partition: sluice_cache_engine::PartitionConfig,
+        cache: &Cache,
+        block_size: u64,
+    ) -> Result<Dataset, OpenError> {
+        if block_size == 0 {
+            return Err(OpenError::Invalid { dataset: name, message: "block size must be more than 0".into() });
+        }
+        let cache = cache.partition(&name, partition);
+        Ok(Dataset { name, mounts, block_size, cache, served: ServedBytes::default() })
+    }
+
     /// The cache key of block `index` of `object` in `mount`: source identity, object key,
     /// version and block index, so changed objects never share keys with old bytes.
     pub fn block_key(&self, mount: usize, object: &ObjectInfo, index: u64) -> Key {

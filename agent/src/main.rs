@@ -1,6 +1,8 @@
 //! `sluice`: the node agent and its command line.
 
+mod config;
 mod dataset;
+mod secret;
 mod source;
 
 fn main() {

@@ -4,7 +4,16 @@
 //! object_store-backed implementation covers s3, gs, az, http(s) and file; tests and
 //! benchmarks can wrap a source to slow or break it.
 
+mod key;
+mod mount_point;
+mod object;
+
+pub use key::unsafe_reason;
+pub use mount_point::{MountPoint, Scheme, supported_schemes};
+pub use object::{ObjectSource, RequestLimits, parse_duration};
+
 use std::fmt::Debug;
+use std::sync::Arc;
 use std::ops::Range;
 
 use async_trait::async_trait;
@@ -34,8 +43,17 @@ pub enum SourceError {
     Unauthorized { source_id: String, detail: String },
     #[error("{source_id}: timed out after {secs:.1}s ({what})")]
     Timeout { source_id: String, what: String, secs: f64 },
+    #[error("{source_id}: cannot reach {endpoint}: {detail} (is the endpoint right and the store running?)")]
+    Unreachable { source_id: String, endpoint: String, detail: String },
+    #[error("{source_id}: invalid mount: {detail}")]
+    Config { source_id: String, detail: String },
     #[error("{source_id}: {detail}")]
     Other { source_id: String, detail: String },
+}
+
+/// Builds the source a mount describes (no request is made until `list` or `read`).
+pub fn open(spec: &crate::config::MountSpec) -> Result<Arc<dyn Source>, SourceError> {
+    Ok(Arc::new(ObjectSource::from_spec(spec)?))
 }
 
 /// A store of objects under one mount point.
