@@ -233,6 +233,10 @@ pub struct CacheStats {
     pub checksum_failures: u64,
     pub io_errors: u64,
     pub insert_failures: u64,
+    /// DRAM held by the disk tiers' index (hash table buckets at their current size).
+    pub index_bytes: u64,
+    /// Entries in the disk tiers' index.
+    pub index_entries: u64,
 }
 
 /// A handle on one partition of the cache; cheap to clone.
