@@ -132,6 +132,57 @@ pub fn redact(text: &str) -> Cow<'_, str> {
     out
 }
 
+/// A `tracing_subscriber` writer that passes every log line through [`redact`]: client
+/// libraries log request errors (URLs, headers) that the agent cannot scrub at the source.
+/// Install it with `tracing_subscriber::fmt().with_writer(RedactingWriter::new(std::io::stderr))`.
+#[derive(Debug, Clone)]
+pub struct RedactingWriter<M> {
+    inner: M,
+}
+
+impl<M> RedactingWriter<M> {
+    /// Wraps a `MakeWriter` (a function returning an `io::Write`, or a subscriber writer).
+    pub fn new(inner: M) -> Self {
+        RedactingWriter { inner }
+    }
+}
+
+impl<'a, M: tracing_subscriber::fmt::MakeWriter<'a>> tracing_subscriber::fmt::MakeWriter<'a> for RedactingWriter<M> {
+    type Writer = RedactingLine<M::Writer>;
+    fn make_writer(&'a self) -> Self::Writer {
+        RedactingLine { inner: self.inner.make_writer(), buf: Vec::new() }
+    }
+}
+
+/// One event's output, buffered so a secret split across `write` calls is still found.
+#[derive(Debug)]
+pub struct RedactingLine<W: std::io::Write> {
+    inner: W,
+    buf: Vec<u8>,
+}
+
+impl<W: std::io::Write> std::io::Write for RedactingLine<W> {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        self.buf.extend_from_slice(data);
+        Ok(data.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        if !self.buf.is_empty() {
+            let text = String::from_utf8_lossy(&self.buf);
+            self.inner.write_all(redact(&text).as_bytes())?;
+            self.buf.clear();
+        }
+        self.inner.flush()
+    }
+}
+
+impl<W: std::io::Write> Drop for RedactingLine<W> {
+    fn drop(&mut self) {
+        // The fmt layer drops the writer after each event without flushing it.
+        let _ = std::io::Write::flush(self);
+    }
+}
+
 /// RFC 3986 percent-encoding of everything but unreserved characters: how a secret shows
 /// up in a URL query or userinfo.
 fn percent_encode(value: &str) -> String {

@@ -7,6 +7,7 @@
 mod key;
 mod mount_point;
 mod object;
+mod s3_list;
 
 pub use key::unsafe_reason;
 pub use mount_point::{MountPoint, Scheme, supported_schemes};

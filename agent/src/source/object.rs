@@ -41,6 +41,7 @@ use object_store::{BackoffConfig, ClientOptions, GetOptions, GetRange, ObjectMet
 use tokio::sync::Semaphore;
 
 use super::mount_point::{MountPoint, Scheme};
+use super::s3_list::{ListerConfig, RawObject, S3Lister};
 use super::{ObjectInfo, Source, SourceError, key};
 use crate::config::MountSpec;
 use crate::secret::{self, Secret};
@@ -83,6 +84,8 @@ pub struct ObjectSource {
     prefix: Option<Path>,
     permits: Semaphore,
     limits: RequestLimits,
+    /// Our own ListObjectsV2 for S3 (see `s3_list`), when the credentials allow signing here.
+    s3_list: Option<S3Lister>,
 }
 
 const COMMON_OPTIONS: &[&str] = &["maxConcurrency", "requestTimeout", "connectTimeout", "maxRetries", "listConcurrency"];
@@ -150,6 +153,7 @@ impl ObjectSource {
         let secret = |k: &str| secrets.get(k).map(|s| s.expose().to_string());
         let build_err = |e: object_store::Error| config_err(secret::redact(&e.to_string()).into_owned());
 
+        let mut s3_list = None;
         let prefix = match mount.prefix.as_str() {
             "" => None,
             p => Some(Path::parse(p).map_err(|e| config_err(format!("prefix {p:?}: {e}")))?),
@@ -163,7 +167,7 @@ impl ObjectSource {
                     .with_region(&region)
                     .with_virtual_hosted_style_request(!path_style)
                     .with_skip_signature(skip_signature)
-                    .with_client_options(client)
+                    .with_client_options(client.clone())
                     .with_retry(retry);
                 if let Some(e) = &endpoint {
                     b = b.with_endpoint(e);
@@ -182,6 +186,28 @@ impl ObjectSource {
                     Some(e) => join_id("s3", &[&host_of(e), &mount.bucket, &mount.prefix]),
                     None => join_id("s3", &[&mount.bucket, &mount.prefix]),
                 };
+                // Static keys (or none at all) can sign our own listing requests; other
+                // credential chains (instance metadata, web identity) stay with object_store.
+                let credential = match (secret("accessKeyId"), secret("secretAccessKey")) {
+                    (Some(key_id), Some(secret_key)) => Some(object_store::aws::AwsCredential { key_id, secret_key, token: secret("sessionToken") }),
+                    _ => None,
+                };
+                if credential.is_some() || skip_signature {
+                    s3_list = Some(
+                        S3Lister::new(ListerConfig {
+                            endpoint: endpoint.as_deref(),
+                            bucket: &mount.bucket,
+                            region: &region,
+                            path_style,
+                            credential,
+                            client: &client,
+                            max_retries: limits.max_retries,
+                            source_id: id.clone(),
+                            shown_endpoint: shown.clone(),
+                        })
+                        .map_err(config_err)?,
+                    );
+                }
                 (id, shown, Arc::new(b.build().map_err(build_err)?))
             }
             Scheme::Gcs => {
@@ -261,7 +287,9 @@ impl ObjectSource {
                 return Err(config_err("hdfs mounts are accepted by this build but not served yet".into()));
             }
         };
-        Ok(ObjectSource::from_store(id, shown_endpoint, store, prefix, limits))
+        let mut source = ObjectSource::from_store(id, shown_endpoint, store, prefix, limits);
+        source.s3_list = s3_list;
+        Ok(source)
     }
 
     /// Wraps an already built store (tests, benchmarks, stores the config cannot describe).
@@ -273,7 +301,7 @@ impl ObjectSource {
         limits: RequestLimits,
     ) -> ObjectSource {
         let permits = Semaphore::new(limits.max_concurrency.max(1));
-        ObjectSource { id, endpoint, store, prefix, permits, limits }
+        ObjectSource { id, endpoint, store, prefix, permits, limits, s3_list: None }
     }
 
     /// The limits this source applies.
@@ -318,9 +346,15 @@ impl ObjectSource {
     fn classify(&self, key: &str, err: object_store::Error) -> SourceError {
         let source_id = self.id.clone();
         let detail = secret::redact(&err.to_string()).into_owned();
+        tracing::debug!(source = %source_id, key, error = %detail, "store request failed");
         match err {
             object_store::Error::NotFound { .. } => SourceError::NotFound { source_id, key: key.to_string() },
             object_store::Error::PermissionDenied { .. } | object_store::Error::Unauthenticated { .. } => {
+                SourceError::Unauthorized { source_id, detail }
+            }
+            // Listing errors arrive as `Generic` with the HTTP status only in the text.
+            ref e if detail.contains("401 Unauthorized") || detail.contains("403 Forbidden") => {
+                let _ = e;
                 SourceError::Unauthorized { source_id, detail }
             }
             ref e => {
@@ -371,6 +405,45 @@ impl ObjectSource {
         }
     }
 
+    /// Every page under `prefix` through our own S3 listing, each page under the deadline.
+    async fn list_raw_prefix(&self, lister: &S3Lister, prefix: String, delimited: bool) -> Result<(Vec<RawObject>, Vec<String>), SourceError> {
+        let mut objects = Vec::new();
+        let mut prefixes = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let page = self.call("listing", &prefix, lister.page(&prefix, delimited, token.as_deref())).await?;
+            objects.extend(page.objects);
+            prefixes.extend(page.prefixes);
+            match page.next {
+                Some(t) => token = Some(t),
+                None => return Ok((objects, prefixes)),
+            }
+        }
+    }
+
+    /// [`Source::list`] through [`S3Lister`]: raw keys, so hostile ones are skipped alone.
+    async fn list_raw(&self, lister: &S3Lister) -> Result<Vec<ObjectInfo>, SourceError> {
+        let base = match &self.prefix {
+            Some(p) => format!("{p}/"),
+            None => String::new(),
+        };
+        let (mut raw, prefixes) = self.list_raw_prefix(lister, base.clone(), true).await?;
+        let nested: Vec<(Vec<RawObject>, Vec<String>)> = futures::stream::iter(prefixes)
+            .map(|p| self.list_raw_prefix(lister, p, false))
+            .buffer_unordered(self.limits.list_concurrency.max(1))
+            .try_collect()
+            .await?;
+        raw.extend(nested.into_iter().flat_map(|(o, _)| o));
+        let objects = raw
+            .into_iter()
+            .filter_map(|o| {
+                let key = o.key.strip_prefix(&base)?.to_string();
+                Some(ObjectInfo { key, size: o.size, version: o.etag, modified: o.modified })
+            })
+            .collect();
+        Ok(key::clean_listing(&self.id, objects))
+    }
+
     /// The key of `meta` relative to the mount's prefix.
     fn relative_key(&self, meta: &ObjectMeta) -> Option<String> {
         let full = meta.location.as_ref();
@@ -388,6 +461,9 @@ impl Source for ObjectSource {
     }
 
     async fn list(&self) -> Result<Vec<ObjectInfo>, SourceError> {
+        if let Some(lister) = &self.s3_list {
+            return self.list_raw(lister).await;
+        }
         // One delimiter listing splits the tree into top-level prefixes, which are then
         // listed in parallel: a flat listing of millions of keys is one slow page chain.
         let top = self
