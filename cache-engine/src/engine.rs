@@ -233,7 +233,9 @@ pub(crate) fn open(config: CacheConfig) -> Result<Cache, OpenError> {
         let segments = d.capacity / config.segment_size + 16;
         let params = EngineParams {
             queue_depth: config.queue_depth,
-            max_files: segments.min(nofile / 2).clamp(64, 1 << 16) as u32,
+            // Segments sealed early (at close) are small, so allow many more than capacity
+            // / segment_size.
+            max_files: (segments * 4).clamp(4096, 1 << 16).min(nofile / 2).max(64) as u32,
         };
         let engine = io::build(kind, params).map_err(|e| match kind {
             EngineKind::IoUring => OpenError::IoUringUnavailable(format!("{}: {e}", d.path.display())),
@@ -528,31 +530,42 @@ where
             return Ok(l);
         }
         // Join a fetch in flight, or lead one.
-        let joined: Option<watch::Receiver<Shared<E>>> = {
+        enum Role<E> {
+            Join(watch::Receiver<Shared<E>>),
+            Lead(watch::Sender<Shared<E>>),
+            Alone,
+        }
+        let role: Role<E> = {
             let mut flights = inner.flights.lock().unwrap();
             match flights.get(&(p.id, key)) {
                 Some(any) => match any.downcast_ref::<watch::Receiver<Shared<E>>>() {
-                    Some(rx) => Some(rx.clone()),
-                    None => None, // a fetch with another error type: run ours alone
+                    Some(rx) => Role::Join(rx.clone()),
+                    None => Role::Alone, // a fetch with another error type: run ours alone
                 },
                 None => {
                     let (tx, rx) = watch::channel::<Shared<E>>(None);
                     flights.insert((p.id, key), Box::new(rx));
-                    drop(flights);
-                    let _guard = FlightGuard { flights: &inner.flights, key: (p.id, key) };
-                    // Another leader may have finished between our miss and now.
-                    if let Some(l) = get(p, &key).await {
-                        let _ = tx.send(Some(Ok(l.value.clone())));
-                        return Ok(l);
-                    }
-                    let fetch = fetch.take().expect("fetch runs once");
-                    let res = fetch().await.map_err(Arc::new);
-                    if let Ok(value) = &res {
-                        let _ = insert(p, key, value.clone()).await;
-                    }
-                    let _ = tx.send(Some(res.clone()));
-                    return res.map(|value| Lookup { value, origin: Origin::Fetch });
+                    Role::Lead(tx)
                 }
+            }
+        };
+        let joined = match role {
+            Role::Join(rx) => Some(rx),
+            Role::Alone => None,
+            Role::Lead(tx) => {
+                let _guard = FlightGuard { flights: &inner.flights, key: (p.id, key) };
+                // Another leader may have finished between our miss and now.
+                if let Some(l) = get(p, &key).await {
+                    let _ = tx.send(Some(Ok(l.value.clone())));
+                    return Ok(l);
+                }
+                let fetch = fetch.take().expect("fetch runs once");
+                let res = fetch().await.map_err(Arc::new);
+                if let Ok(value) = &res {
+                    let _ = insert(p, key, value.clone()).await;
+                }
+                let _ = tx.send(Some(res.clone()));
+                return res.map(|value| Lookup { value, origin: Origin::Fetch });
             }
         };
         match joined {

@@ -1,0 +1,81 @@
+//! Epoch mode: admission stops at the quota, so a random-order pass hits exactly the
+//! cached fraction; the general policy keeps changing its cached set instead.
+
+mod common;
+
+use common::*;
+use rand::seq::SliceRandom;
+use rand::{SeedableRng, rngs::StdRng};
+use sluice_cache_engine::{CacheBuilder, DiskConfig, EngineKind, Partition, PartitionConfig, Policy};
+
+const BLOCKS: u64 = 300;
+const SIZE: usize = 64 << 10;
+
+fn builder(dir: &std::path::Path, engine: EngineKind) -> CacheBuilder {
+    CacheBuilder::new()
+        .engine(engine)
+        .memory_capacity(1 << 20)
+        .segment_size(4 << 20)
+        .max_value_size(SIZE as u64)
+        .disk(DiskConfig::new(dir, 16 << 20))
+}
+
+fn block(i: u64) -> bytes::Bytes {
+    bytes::Bytes::from(vec![i as u8; SIZE])
+}
+
+/// One pass over every block in `order` through get_or_fetch; returns the hits.
+async fn pass(part: &Partition, order: &[u64]) -> u64 {
+    let mut hits = 0;
+    for &i in order {
+        let l = part.get_or_fetch(key(i), || async move { Ok::<_, String>(block(i)) }).await.unwrap();
+        assert_eq!(l.value, block(i));
+        hits += (l.origin != sluice_cache_engine::Origin::Fetch) as u64;
+    }
+    hits
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn epoch_hit_ratio_equals_cached_fraction() {
+    for engine in engines() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = builder(dir.path(), engine).open().unwrap();
+        // The dataset (19 MiB) exceeds the disk tier (16 MiB); the quota is 8 MiB.
+        let quota = 8 << 20;
+        let part = cache.partition("epoch-ds", PartitionConfig { policy: Policy::Epoch, quota: Some(quota) });
+        let mut order: Vec<u64> = (0..BLOCKS).collect();
+        pass(&part, &order).await;
+        let stats = part.stats();
+        assert!(stats.bytes <= quota, "{engine:?}: {} bytes over a {quota} quota", stats.bytes);
+        assert!(stats.rejected > 0, "{engine:?}: nothing rejected");
+        let cached: Vec<u64> = (0..BLOCKS).filter(|i| part.contains(&key(*i))).collect();
+        let fraction = cached.len() as f64 / BLOCKS as f64;
+        let mut rng = StdRng::seed_from_u64(7);
+        for epoch in 0..3 {
+            order.shuffle(&mut rng);
+            let hits = pass(&part, &order).await;
+            let ratio = hits as f64 / BLOCKS as f64;
+            assert!((ratio - fraction).abs() <= 0.02, "{engine:?} epoch {epoch}: hit ratio {ratio} vs cached fraction {fraction}");
+            let now: Vec<u64> = (0..BLOCKS).filter(|i| part.contains(&key(*i))).collect();
+            assert_eq!(now, cached, "{engine:?}: the epoch partition's cached set changed");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn general_policy_changes_its_cached_set() {
+    for engine in engines() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = builder(dir.path(), engine).open().unwrap();
+        let part = cache.partition("general-ds", PartitionConfig::default());
+        let mut order: Vec<u64> = (0..BLOCKS).collect();
+        pass(&part, &order).await;
+        let before: Vec<u64> = (0..BLOCKS).filter(|i| part.contains(&key(*i))).collect();
+        order.shuffle(&mut StdRng::seed_from_u64(7));
+        pass(&part, &order).await;
+        let after: Vec<u64> = (0..BLOCKS).filter(|i| part.contains(&key(*i))).collect();
+        assert!(before.len() < BLOCKS as usize, "{engine:?}: everything fit");
+        assert_ne!(before, after, "{engine:?}: the general policy's cached set did not change");
+        assert!(cache.stats().disks[0].1.evictions > 0);
+    }
+}
