@@ -320,6 +320,7 @@ impl Config {
     pub fn parse_with_env(file: &str, text: &str, env: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
         let mut config = Config::default();
         let mut agent_seen = false;
+        let mut agent_doc: Option<Document<'_>> = None;
         // Where each dataset came from, for validation messages.
         let mut origins = Vec::new();
         for doc in split_documents(text) {
@@ -356,6 +357,7 @@ impl Config {
                 }
                 agent_seen = true;
                 config.agent = deserialize_doc::<AgentDocument>(file, &doc)?.agent;
+                agent_doc = Some(doc);
             } else {
                 return Err(ConfigError::Parse {
                     file: file.into(),
@@ -377,7 +379,16 @@ impl Config {
             }
         }
         config.agent.apply_env(env)?;
-        config.agent.validate(file)?;
+        config.agent.validate(file).map_err(|mut e| {
+            // Point at the offending key's line in the agent section, if it was written there.
+            if let ConfigError::Invalid { line, field, .. } = &mut e
+                && let Some(doc) = &agent_doc
+            {
+                let key = field.rsplit('.').next().unwrap_or(field).split('[').next().unwrap_or("");
+                *line = doc.text.lines().position(|l| l.contains(&format!("{key}:"))).map(|i| doc.first_line + i + 1);
+            }
+            e
+        })?;
         Ok(config)
     }
 }
@@ -398,6 +409,13 @@ fn parse_error(file: &str, doc: &Document<'_>, path: Option<String>, e: serde_ya
     // serde_yaml appends " at line L column C"; the line is already in front.
     if let Some(i) = message.find(" at line ") {
         message.truncate(i);
+    }
+    // serde_yaml may already prefix its own copy of the path.
+    if let Some((head, rest)) = message.split_once(": ")
+        && !head.contains(' ')
+        && field.starts_with(head)
+    {
+        message = rest.to_string();
     }
     // `missing field `x`` is reported at the enclosing mapping: name the field itself.
     if let Some(rest) = message.strip_prefix("missing field `")
