@@ -51,7 +51,7 @@ pub enum ReadError {
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
     #[error("dataset {dataset}, mount {mount:?}: {source}")]
-    Mount { dataset: String, mount: String, #[source] source: SourceError },
+    Mount { dataset: String, mount: String, #[source] source: Box<SourceError> },
     #[error("dataset {dataset}: {message}")]
     Invalid { dataset: String, message: String },
 }
@@ -64,10 +64,15 @@ impl Dataset {
         let mut mounts = Vec::with_capacity(spec.spec.mounts.len());
         for m in &spec.spec.mounts {
             let source = crate::source::open(m)
-                .map_err(|source| OpenError::Mount { dataset: name.clone(), mount: m.name.clone(), source })?;
+                .map_err(|source| OpenError::Mount { dataset: name.clone(), mount: m.name.clone(), source: Box::new(source) })?;
             mounts.push(DatasetMount { name: m.name.clone(), source });
         }
-        Dataset::from_mounts(name, mounts, spec.spec.cache.partition_config().map_err(|message| OpenError::Invalid { dataset: spec.metadata.name.clone(), message })?, cache, block_size)
+        let partition = spec
+            .spec
+            .cache
+            .partition_config()
+            .map_err(|message| OpenError::Invalid { dataset: name.clone(), message })?;
+        Dataset::from_mounts(name, mounts, partition, cache, block_size)
     }
 
     /// A dataset over already built sources (tests, benchmarks, throttled sources).

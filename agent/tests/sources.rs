@@ -338,3 +338,31 @@ fn a_missing_or_empty_secret_names_the_reference_not_the_value() {
         assert!(err.contains("secret"), "{err}");
     }
 }
+
+#[tokio::test]
+async fn a_local_directory_mount_lists_reads_and_notices_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    std::fs::create_dir_all(root.join("train/cats")).unwrap();
+    std::fs::write(root.join("train/cats/1.jpg"), content(1, 150_000)).unwrap();
+    std::fs::write(root.join("train/cats/2.jpg"), content(2, 10)).unwrap();
+    std::fs::write(root.join("labels.txt"), b"cat\n").unwrap();
+    let spec = dataset_spec("local", vec![mount(&format!("file://{}", root.display()), &[], vec![])]);
+    let cache = cache();
+    let dataset = Dataset::open(&spec, &cache, BLOCK).unwrap();
+    assert_eq!(dataset.mounts[0].source.id(), format!("file://{}", root.display()));
+    let objects = dataset.mounts[0].source.list().await.unwrap();
+    let keys: Vec<&str> = objects.iter().map(|o| o.key.as_str()).collect();
+    assert_eq!(keys, ["labels.txt", "train/cats/1.jpg", "train/cats/2.jpg"]);
+    let big = find(&objects, "train/cats/1.jpg").clone();
+    assert!(dataset.read(0, &big, 0, big.size).await.unwrap()[..] == content(1, 150_000)[..]);
+
+    // Replaced with different bytes and size: the listed version no longer matches.
+    std::thread::sleep(Duration::from_millis(20));
+    std::fs::write(root.join("train/cats/1.jpg"), content(9, 150_001)).unwrap();
+    let err = dataset.mounts[0].source.read(&big, 0..100).await.unwrap_err();
+    assert!(matches!(err, SourceError::Changed { .. }), "{err}");
+    std::fs::remove_file(root.join("labels.txt")).unwrap();
+    let err = dataset.mounts[0].source.read(find(&objects, "labels.txt"), 0..4).await.unwrap_err();
+    assert!(matches!(err, SourceError::NotFound { .. }), "{err}");
+}

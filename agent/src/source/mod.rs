@@ -4,11 +4,15 @@
 //! object_store-backed implementation covers s3, gs, az, http(s) and file; tests and
 //! benchmarks can wrap a source to slow or break it.
 
+#[cfg(feature = "hdfs")]
+mod hdfs;
 mod key;
 mod mount_point;
 mod object;
 mod s3_list;
 
+#[cfg(feature = "hdfs")]
+pub use hdfs::HdfsSource;
 pub use key::unsafe_reason;
 pub use mount_point::{MountPoint, Scheme, supported_schemes};
 pub use object::{ObjectSource, RequestLimits, parse_duration};
@@ -54,6 +58,14 @@ pub enum SourceError {
 
 /// Builds the source a mount describes (no request is made until `list` or `read`).
 pub fn open(spec: &crate::config::MountSpec) -> Result<Arc<dyn Source>, SourceError> {
+    #[cfg(feature = "hdfs")]
+    if let Ok(mount) = MountPoint::parse(&spec.mount_point)
+        && mount.scheme == Scheme::Hdfs
+    {
+        let limits = object::limits_from_options(&spec.options)
+            .map_err(|detail| SourceError::Config { source_id: spec.mount_point.clone(), detail })?;
+        return Ok(Arc::new(HdfsSource::new(&mount.bucket, &mount.prefix, limits)?));
+    }
     Ok(Arc::new(ObjectSource::from_spec(spec)?))
 }
 

@@ -527,7 +527,7 @@ impl Source for ObjectSource {
 }
 
 /// Reads the common request options.
-fn limits_from_options(opts: &BTreeMap<String, String>) -> Result<RequestLimits, String> {
+pub(super) fn limits_from_options(opts: &BTreeMap<String, String>) -> Result<RequestLimits, String> {
     let mut l = RequestLimits::default();
     if let Some(v) = opts.get("maxConcurrency") {
         l.max_concurrency = parse_count("maxConcurrency", v)?;

@@ -81,10 +81,10 @@ fn wait_http(server: &mut Server, port: u16, within: Duration) -> Result<(), Str
         if server.exited() {
             return Err(format!("server exited:\n{}", server.log_tail()));
         }
-        if let Ok((status, _)) = raw_http(port, "GET", "/", &[]) {
-            if status > 0 {
-                return Ok(());
-            }
+        if let Ok((status, _)) = raw_http(port, "GET", "/", &[])
+            && status > 0
+        {
+            return Ok(());
         }
         std::thread::sleep(Duration::from_millis(100));
     }
