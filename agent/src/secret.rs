@@ -132,6 +132,23 @@ pub fn redact(text: &str) -> Cow<'_, str> {
     out
 }
 
+/// `err` and its chain of causes as one redacted line (`a: b: c`), skipping a cause whose
+/// text its parent already includes: client errors hide the useful part ("Connection
+/// refused") several sources deep.
+pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = err.to_string();
+    let mut cause = err.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        cause = c.source();
+    }
+    redact(&out).into_owned()
+}
+
 /// A `tracing_subscriber` writer that passes every log line through [`redact`]: client
 /// libraries log request errors (URLs, headers) that the agent cannot scrub at the source.
 /// Install it with `tracing_subscriber::fmt().with_writer(RedactingWriter::new(std::io::stderr))`.

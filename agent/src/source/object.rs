@@ -345,7 +345,7 @@ impl ObjectSource {
     /// Turns a store error into a [`SourceError`], scrubbing secrets from its text.
     fn classify(&self, key: &str, err: object_store::Error) -> SourceError {
         let source_id = self.id.clone();
-        let detail = secret::redact(&err.to_string()).into_owned();
+        let detail = secret::error_chain(&err);
         tracing::debug!(source = %source_id, key, error = %detail, "store request failed");
         match err {
             object_store::Error::NotFound { .. } => SourceError::NotFound { source_id, key: key.to_string() },

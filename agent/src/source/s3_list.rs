@@ -132,7 +132,7 @@ impl S3Lister {
                 Err((retryable, err)) if retryable && attempt < self.max_retries => {
                     attempt += 1;
                     tracing::debug!(source = %self.source_id, attempt, error = %err, "listing page failed; retrying");
-                    tokio::time::sleep(Duration::from_millis(100 << attempt.min(5))).await;
+                    tokio::time::sleep(Duration::from_millis(50 << attempt.min(6))).await;
                 }
                 Err((_, err)) => return Err(err),
             }
@@ -154,7 +154,7 @@ impl S3Lister {
         let response = match self.client.execute(request).await {
             Ok(r) => r,
             Err(e) => {
-                let detail = secret::redact(&e.to_string()).into_owned();
+                let detail = secret::error_chain(&e);
                 tracing::debug!(source = %self.source_id, error = %detail, "store request failed");
                 return Err(match e.kind() {
                     HttpErrorKind::Connect => {
