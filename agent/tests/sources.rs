@@ -367,3 +367,34 @@ async fn a_local_directory_mount_lists_reads_and_notices_changes() {
     let err = dataset.mounts[0].source.read(find(&objects, "labels.txt"), 0..4).await.unwrap_err();
     assert!(matches!(err, SourceError::NotFound { .. }), "{err}");
 }
+
+#[tokio::test]
+async fn max_concurrency_bounds_requests_in_flight() {
+    use object_store::throttle::{ThrottleConfig, ThrottledStore};
+    use object_store::{ObjectStoreExt, PutPayload, memory::InMemory, path::Path};
+    let inner = InMemory::new();
+    for i in 0..6 {
+        inner.put(&Path::from(format!("f{i}")), PutPayload::from_static(b"0123456789")).await.unwrap();
+    }
+    // Every GET takes 200 ms: six at two at a time take three rounds.
+    let config = ThrottleConfig { wait_get_per_call: Duration::from_millis(200), ..Default::default() };
+    let store = Arc::new(ThrottledStore::new(inner, config));
+    let time_six_reads = |max_concurrency: usize| {
+        let limits = source::RequestLimits { max_concurrency, ..Default::default() };
+        let source = source::ObjectSource::from_store("mem://t".into(), "memory".into(), store.clone(), None, limits);
+        async move {
+            let objects = source::Source::list(&source).await.unwrap();
+            assert_eq!(objects.len(), 6);
+            let started = Instant::now();
+            let reads = objects.iter().map(|o| source::Source::read(&source, o, 0..10));
+            for r in futures::future::join_all(reads).await {
+                assert_eq!(&r.unwrap()[..], b"0123456789");
+            }
+            started.elapsed()
+        }
+    };
+    let bounded = time_six_reads(2).await;
+    let unbounded = time_six_reads(64).await;
+    assert!(bounded >= Duration::from_millis(590), "maxConcurrency 2: {bounded:?}");
+    assert!(unbounded < Duration::from_millis(400), "maxConcurrency 64: {unbounded:?}");
+}

@@ -39,6 +39,9 @@ pub fn unsafe_reason(key: &str) -> Option<&'static str> {
 /// Drops unsafe keys and keys shadowed by a directory, warning once per key, and sorts the
 /// rest by key.
 pub fn clean_listing(source_id: &str, mut objects: Vec<ObjectInfo>) -> Vec<ObjectInfo> {
+    // Empty `dir/` objects are directory markers (S3 consoles make them): not files, and
+    // too common to warn about.
+    objects.retain(|o| !(o.size == 0 && o.key.ends_with('/') && unsafe_reason(o.key.trim_end_matches('/')).is_none()));
     objects.retain(|o| match unsafe_reason(&o.key) {
         None => true,
         Some(reason) => {
@@ -85,7 +88,9 @@ mod tests {
         for k in ["a/b", "a..b/c", ".hidden", "x y/z"] {
             assert!(unsafe_reason(k).is_none(), "{k:?}");
         }
-        let kept = clean_listing("t", vec![obj("b"), obj("a"), obj("a/x"), obj("a/../b"), obj("c/d/e"), obj("c/d")]);
+        let mut marker = obj("c/");
+        marker.size = 0;
+        let kept = clean_listing("t", vec![obj("b"), obj("a"), obj("a/x"), obj("a/../b"), obj("c/d/e"), obj("c/d"), marker]);
         let keys: Vec<_> = kept.iter().map(|o| o.key.as_str()).collect();
         assert_eq!(keys, ["a/x", "b", "c/d/e"]);
     }
