@@ -26,7 +26,7 @@ pub enum Which {
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.what {
-        Which::Engine => anyhow::bail!("bench engine is not built yet"),
+        Which::Engine => crate::bench_engine::run(&args),
         Which::Epoch => crate::bench_epoch::run(&args),
     }
 }

@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 
 mod agent;
 mod bench;
+mod bench_engine;
 mod bench_epoch;
 mod seaweed;
 mod workload;
