@@ -32,6 +32,12 @@ pub fn build() -> anyhow::Result<PathBuf> {
 
 impl Agent {
     pub fn start(bin: &Path, setup: &AgentSetup) -> anyhow::Result<Agent> {
+        Self::start_with_cache(bin, setup, "")
+    }
+
+    /// Like [`Agent::start`], with the Dataset's `spec.cache` as a YAML flow mapping
+    /// (e.g. `{ policy: epoch, quota: 1073741824 }`); empty for the default.
+    pub fn start_with_cache(bin: &Path, setup: &AgentSetup, cache: &str) -> anyhow::Result<Agent> {
         let work = setup.work;
         for d in ["mnt", "state", "cache"] {
             std::fs::create_dir_all(work.join(d))?;
@@ -50,7 +56,7 @@ apiVersion: sluice.io/v1alpha1
 kind: Dataset
 metadata: {{ name: {dataset} }}
 spec:
-  mounts:
+{cache}  mounts:
     - mountPoint: {mount_point}
       name: data
       options: {{ {options} }}
@@ -65,6 +71,7 @@ spec:
             dataset = setup.dataset,
             mount_point = setup.mount_point,
             options = setup.options,
+            cache = if cache.is_empty() { String::new() } else { format!("  cache: {cache}\n") },
         );
         let config_path = work.join("sluice.yaml");
         std::fs::write(&config_path, config)?;
@@ -99,6 +106,11 @@ spec:
             }
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// The agent's process id (for CPU-time and peak-RSS figures).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// Resident set size of the agent process, in bytes.

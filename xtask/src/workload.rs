@@ -250,3 +250,31 @@ pub fn drop_page_cache() -> bool {
     unsafe { libc::sync() };
     std::fs::write("/proc/sys/vm/drop_caches", b"3\n").is_ok()
 }
+
+/// Reads one big file front to back in 1 MiB reads, as a checkpoint loader does; the
+/// latency figures are per read call.
+pub fn read_sequential(path: &Path) -> Epoch {
+    use std::io::Read;
+    let start = Instant::now();
+    let mut lat = Vec::new();
+    let (mut bytes, mut errors) = (0u64, 0usize);
+    let mut buf = vec![0u8; 1 << 20];
+    match std::fs::File::open(path) {
+        Ok(mut f) => loop {
+            let t = Instant::now();
+            match f.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => bytes += n as u64,
+                Err(_) => {
+                    errors += 1;
+                    break;
+                }
+            }
+            lat.push(t.elapsed());
+        },
+        Err(_) => errors += 1,
+    }
+    let mut e = collect(vec![(bytes, errors, lat)], start);
+    e.files = 1;
+    e
+}

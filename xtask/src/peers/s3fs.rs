@@ -1,0 +1,50 @@
+//! `s3fs` with `use_cache` (Debian package `s3fs`). s3fs has no cache size limit, so when the
+//! budget is below the dataset its cache lives on a loop-mounted ext4 image of that size.
+
+use std::path::Path;
+use std::process::Command;
+
+use anyhow::Context;
+
+use super::{Budget, CacheFs, Mounted, Store};
+
+pub fn version() -> String {
+    super::version("s3fs", &["--version"])
+}
+
+/// Mounts the dataset's prefix with a fresh cache; `capped` puts it on a filesystem of
+/// exactly the budget's size.
+pub fn mount(store: &Store, dir: &Path, budget: Budget, capped: bool) -> anyhow::Result<Mounted> {
+    let bin = crate::seaweed::which("s3fs").context("`s3fs` not found: apt-get install s3fs (.ci/install-deps installs it)")?;
+    if let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") {
+        // A previous run's capped cache, left mounted by a crash.
+        if info.contains(&*dir.join("cache").to_string_lossy()) {
+            let _ = Command::new("umount").arg("-l").arg(dir.join("cache")).status();
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
+    let (mnt, cache) = (dir.join("mnt"), dir.join("cache"));
+    std::fs::create_dir_all(&cache)?;
+    let cache_fs = if capped { Some(CacheFs::create(&dir.join("cache.img"), &cache, budget.disk)?) } else { None };
+    let passwd = dir.join("passwd");
+    std::fs::write(&passwd, format!("{}:{}\n", crate::seaweed::ACCESS_KEY, crate::seaweed::SECRET_KEY))?;
+    std::fs::set_permissions(&passwd, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+    let mut cmd = Command::new(bin);
+    cmd.arg(format!("{}:/{}", store.bucket, store.prefix))
+        .arg(&mnt)
+        .arg("-f")
+        .args(["-o", "ro", "-o", "use_path_request_style", "-o", "dbglevel=warn", "-o", "ensure_diskfree=1"])
+        .arg("-o")
+        .arg(format!("url={}", store.endpoint))
+        .arg("-o")
+        .arg(format!("passwd_file={}", passwd.display()))
+        .arg("-o")
+        .arg(format!("use_cache={}", cache.display()));
+    let settings = format!(
+        "s3fs -o use_cache,ensure_diskfree=1,ro,use_path_request_style{} (no memory knob; parallel_count/multireq_max defaults)",
+        if capped { format!("; cache on a {} MiB ext4 image (s3fs has no cache size limit)", budget.disk >> 20) } else { String::new() }
+    );
+    let mut m = Mounted::spawn(cmd, &mnt, mnt.clone(), &dir.join("s3fs.log"), settings)?;
+    m.cache_fs = cache_fs;
+    Ok(m)
+}
