@@ -236,7 +236,8 @@ fn foyer_compare(rt: &tokio::runtime::Runtime, base: &Path, quick: bool) -> anyh
     std::fs::create_dir_all(&dir)?;
     let (foyer, foyer_hit) = rt.block_on(async {
         use foyer::{BlockEngineConfig, DeviceBuilder, FsDeviceBuilder, HybridCacheBuilder, HybridCachePolicy, UringIoEngineConfig};
-        let device = FsDeviceBuilder::new(&dir).with_capacity(disk as usize).build()?;
+        // O_DIRECT like ours: buffered I/O would serve foyer's disk tier from the page cache.
+        let device = FsDeviceBuilder::new(&dir).with_capacity(disk as usize).with_direct(true).build()?;
         let hybrid: foyer::HybridCache<u64, Vec<u8>> = HybridCacheBuilder::new()
             .with_name("bench")
             .with_policy(HybridCachePolicy::WriteOnInsertion)
@@ -381,6 +382,22 @@ fn index_and_reopen(rt: &tokio::runtime::Runtime, base: &Path, quick: bool) -> a
 
 /// Runs the three parts and prints (and optionally writes) the figures.
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
+    if cfg!(debug_assertions) && std::env::var_os("SLUICE_BENCH_DEBUG").is_none() {
+        // `cargo xtask` builds without optimisations; figures from that build would measure
+        // the compiler's debug code, so run the same command from a release build.
+        println!("bench engine: re-running from a release build of xtask (SLUICE_BENCH_DEBUG=1 to skip)");
+        let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+        cmd.args(["run", "--quiet", "--release", "--package", "xtask", "--", "bench", "engine"]);
+        if args.quick {
+            cmd.arg("--quick");
+        }
+        if let Some(json) = &args.json {
+            cmd.arg("--json").arg(json);
+        }
+        let status = cmd.status().context("running the release build")?;
+        anyhow::ensure!(status.success(), "release bench failed: {status}");
+        return Ok(());
+    }
     let quick = args.quick;
     let base = bench_dir()?;
     println!("bench engine{}: files under {}", if quick { " --quick" } else { "" }, base.path().display());

@@ -8,6 +8,7 @@ use std::collections::VecDeque;
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
 
@@ -17,8 +18,10 @@ use tokio::sync::oneshot;
 
 use super::{AlignedBuf, EngineParams, FileId, IoEngine, IoFuture};
 
-/// Size of one registered read buffer; larger reads use a fresh unregistered buffer.
-const REG_BUF_SIZE: usize = 256 << 10;
+/// Size of one registered read buffer. Small reads land in a registered buffer and are
+/// copied out; larger ones go to a fresh buffer that becomes the returned `Bytes` as is,
+/// because copying them would cost more than the page pinning registration saves.
+const REG_BUF_SIZE: usize = 64 << 10;
 /// user_data of the eventfd read that wakes the ring thread.
 const WAKE: u64 = u64::MAX;
 
@@ -60,11 +63,20 @@ enum Inflight {
 struct Shared {
     queue: Mutex<Vec<Op>>,
     wake: OwnedFd,
+    /// The ring thread is about to sleep in `io_uring_enter`: the first operation queued
+    /// after that writes the eventfd, later ones ride on the same wake-up (one syscall per
+    /// wake-up, not per operation).
+    idle: AtomicBool,
 }
 
 impl Shared {
     fn push(&self, op: Op) {
         self.queue.lock().unwrap().push(op);
+        if self.idle.swap(false, SeqCst) {
+            self.wake_thread();
+        }
+    }
+    fn wake_thread(&self) {
         let one: u64 = 1;
         // SAFETY: writes 8 bytes from a live u64 to an eventfd we own.
         let _ = unsafe { libc::write(self.wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
@@ -90,7 +102,7 @@ impl UringEngine {
         }
         // SAFETY: efd is a fresh descriptor that nothing else owns.
         let wake = unsafe { OwnedFd::from_raw_fd(efd) };
-        let shared = Arc::new(Shared { queue: Mutex::new(Vec::new()), wake });
+        let shared = Arc::new(Shared { queue: Mutex::new(Vec::new()), wake, idle: AtomicBool::new(false) });
         let thread_shared = shared.clone();
         let thread = std::thread::Builder::new()
             .name("sluice-uring".into())
@@ -102,6 +114,7 @@ impl UringEngine {
 impl Drop for UringEngine {
     fn drop(&mut self) {
         self.shared.push(Op::Shutdown);
+        self.shared.wake_thread();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -213,6 +226,15 @@ impl RingThread {
             if shutdown && self.inflight == 0 && self.backlog.is_empty() {
                 return;
             }
+            if self.inflight < self.qd {
+                // Announce the sleep, then look again: an operation queued before the
+                // announcement is seen here, one queued after it writes the eventfd.
+                self.shared.idle.store(true, SeqCst);
+                if !self.shared.queue.lock().unwrap().is_empty() {
+                    self.shared.idle.store(false, SeqCst);
+                    continue;
+                }
+            }
             if !self.wake_armed {
                 let entry = opcode::Read::new(
                     types::Fd(self.shared.wake.as_raw_fd()),
@@ -234,6 +256,7 @@ impl RingThread {
                     std::thread::sleep(std::time::Duration::from_millis(1));
                 }
             }
+            self.shared.idle.store(false, SeqCst);
             let done: Vec<(u64, i32)> = self.ring.completion().map(|c| (c.user_data(), c.result())).collect();
             for (ud, res) in done {
                 if ud == WAKE {
