@@ -56,6 +56,9 @@ struct State {
     next_seg: u32,
 }
 
+/// Records found at open: per segment, in write order.
+pub(crate) type Recovered = Vec<(u32, Vec<Record>)>;
+
 /// A write the appender must run after releasing the state lock.
 pub(crate) enum Job {
     Flush { seg: u32, start: u64, buf: Arc<AlignedBuf>, len: usize },
@@ -154,7 +157,7 @@ impl Disk {
         segment_size: u64,
         max_value_size: u64,
         engine: Arc<dyn IoEngine>,
-    ) -> Result<(Disk, Vec<(u32, Vec<Record>)>), OpenError> {
+    ) -> Result<(Disk, Recovered), OpenError> {
         let dir = cfg.path.as_path();
         check_directory(dir)?;
         let buf_size = align_up((1u64 << 20).max(max_value_size + 2 * ALIGN as u64)) as usize;
@@ -441,7 +444,7 @@ fn recover_segment(path: &Path) -> io::Result<Option<(File, Vec<Record>, u64)>> 
     if !segment::check_segment_header(&head) {
         return Ok(None);
     }
-    if len % ALIGN as u64 == 0 {
+    if len.is_multiple_of(ALIGN as u64) {
         let trailer = read_direct(&file, len - ALIGN as u64, ALIGN)?;
         if let Some((count, footer_off, crc)) = segment::decode_trailer(&trailer)
             && footer_off + (segment::footer_len(count) as u64) <= len - ALIGN as u64

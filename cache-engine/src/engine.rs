@@ -18,7 +18,7 @@
 //! the memory tier is.
 
 use std::any::Any;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock};
@@ -42,6 +42,9 @@ struct PartState {
     hits_disk: AtomicU64,
     misses: AtomicU64,
     rejected: AtomicU64,
+    /// Insertion order of a general partition with a quota: its oldest blocks go first
+    /// when it is over quota (16 bytes per block, only for such partitions).
+    fifo: Mutex<VecDeque<Key>>,
 }
 
 impl PartState {
@@ -55,6 +58,7 @@ impl PartState {
             hits_disk: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             rejected: AtomicU64::new(0),
+            fifo: Mutex::new(VecDeque::new()),
         })
     }
 }
@@ -99,6 +103,32 @@ impl Inner {
         self.disks[loc.disk as usize].entries.fetch_sub(1, Relaxed);
     }
 
+    /// A general partition with a quota: records `key` as its newest block, then drops its
+    /// oldest blocks until it fits its quota again. (No tombstones: a reopen may bring such
+    /// blocks back, with their right bytes, until the next insert trims them again; blocks
+    /// recovered at open are not in the order list, so only blocks inserted since count.)
+    fn trim(&self, id: u16, part: &PartState, config: &PartitionConfig, key: Key) {
+        let (Policy::General, Some(quota)) = (config.policy, config.quota) else { return };
+        let mut fifo = part.fifo.lock().unwrap();
+        fifo.push_back(key);
+        while part.bytes.load(Relaxed) > quota {
+            let Some(old) = fifo.pop_front() else { break };
+            if self.disks.is_empty() {
+                if let Some((rp, rl)) = self.memory.remove(&old) {
+                    self.sub(rp, rl);
+                    self.memory.evictions.fetch_add(1, Relaxed);
+                }
+            } else if let Some(loc) = self.index.get(&old)
+                && loc.part == id
+                && self.index.remove_exact(&old, &loc)
+            {
+                self.forget(&loc);
+                self.disks[loc.disk as usize].evictions.fetch_add(1, Relaxed);
+                self.memory.remove(&old);
+            }
+        }
+    }
+
     fn disk_for(&self, key: &Key) -> usize {
         key.0[15] as usize % self.disks.len()
     }
@@ -128,15 +158,14 @@ impl Inner {
             if let Err((e, lost)) = disk.run(job).await {
                 self.io_errors.fetch_add(1, Relaxed);
                 tracing::warn!(path = %disk.path.display(), "segment write failed: {e}");
+                // Entries whose bytes never reached the disk leave the index.
                 for r in lost {
-                    let loc = Loc { seg: 0, value_off: r.value_off, len: r.len, crc: r.crc, part: r.part, disk: disk.id };
                     if let Some(cur) = self.index.get(&r.key)
                         && cur.disk == disk.id
                         && cur.value_off == r.value_off
                         && cur.crc == r.crc
                         && self.index.remove_exact(&r.key, &cur)
                     {
-                        let _ = loc;
                         self.forget(&cur);
                     }
                 }
@@ -429,6 +458,7 @@ pub(crate) async fn insert(p: &Partition, key: Key, value: Bytes) -> Result<(), 
         }
         if stored {
             inner.add(p.id, len);
+            inner.trim(p.id, &part, &config, key);
         }
         return Ok(());
     }
@@ -448,6 +478,7 @@ pub(crate) async fn insert(p: &Partition, key: Key, value: Bytes) -> Result<(), 
         inner.forget(&old);
     }
     inner.memory.insert(key, p.id, value, evict);
+    inner.trim(p.id, &part, &config, key);
     inner.finish(disk, appended).await.map_err(|source| {
         inner.insert_failures.fetch_add(1, Relaxed);
         InsertError::Io { path: disk.path.clone(), source }

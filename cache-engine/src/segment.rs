@@ -54,7 +54,7 @@ fn align8(n: u64) -> u64 {
 /// Where an entry of `len` bytes goes when the segment's write position is `cur`:
 /// (header offset, value offset, next write position).
 pub(crate) fn place(cur: u64, len: u64) -> (u64, u64, u64) {
-    let page_aligned = len >= 64 << 10 || (len > 0 && len % ALIGN as u64 == 0);
+    let page_aligned = len >= 64 << 10 || (len > 0 && len.is_multiple_of(ALIGN as u64));
     let value_off = if page_aligned { align_up(cur + HEADER) } else { cur + HEADER };
     (value_off - HEADER, value_off, align8(value_off + len))
 }

@@ -79,3 +79,21 @@ async fn general_policy_changes_its_cached_set() {
         assert!(cache.stats().disks[0].1.evictions > 0);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn general_partition_with_a_quota_evicts_its_oldest_blocks() {
+    for engine in engines() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = builder(dir.path(), engine).open().unwrap();
+        let quota = 2 << 20;
+        let part = cache.partition("capped", PartitionConfig { policy: Policy::General, quota: Some(quota) });
+        for i in 0..100 {
+            part.insert(key(i), block(i)).await.unwrap();
+            assert!(part.stats().bytes <= quota, "{engine:?}: over quota after block {i}");
+        }
+        assert_eq!(part.stats().rejected, 0);
+        assert!(part.contains(&key(99)), "{engine:?}: the newest block was dropped");
+        assert!(!part.contains(&key(0)), "{engine:?}: the oldest block was kept");
+        assert_eq!(part.get(&key(99)).await.unwrap().value, block(99));
+    }
+}
