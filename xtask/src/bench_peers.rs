@@ -177,6 +177,11 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     }
     versions.push(("boto3".into(), Client::Boto3.check()?));
     let mut systems: Vec<System> = System::ALL.to_vec();
+    // A subset for working on one peer (e.g. SLUICE_BENCH_ONLY=rclone,s3fs); docs are then left alone.
+    let only = std::env::var("SLUICE_BENCH_ONLY").ok();
+    if let Some(only) = &only {
+        systems.retain(|s| only.split(',').any(|k| k.trim() == s.key()));
+    }
     if quick {
         systems.retain(|s| *s != System::S3Torch);
         println!("bench peers --quick: s3torchconnector is left out (it pulls PyTorch, about 5 GB); full runs include it");
@@ -184,17 +189,23 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         let v = Client::S3TorchConnector.check().context("s3torchconnector is a peer of full runs")?;
         versions.push(("s3torchconnector".into(), v));
     }
-    let sluice_bin = match peers::sluice::build() {
+    let built = if std::env::var_os("SLUICE_BENCH_NO_AGENT").is_some() {
+        Err(anyhow::anyhow!("left out by SLUICE_BENCH_NO_AGENT"))
+    } else {
+        peers::sluice::build()
+    };
+    let mut sluice_error: Option<String> = None;
+    let sluice_bin = match built {
         Ok(bin) => {
             versions.push(("sluice".into(), peers::version(&bin.to_string_lossy(), &["--version"])));
             Some(bin)
         }
         Err(e) => {
             println!("sluice agent not available: {e:#}");
+            sluice_error = Some(format!("{e:#}"));
             None
         }
     };
-    let mut sluice_error: Option<String> = sluice_bin.is_none().then(|| "the release agent did not build".to_string());
 
     println!("generating {} files in {} dirs + a {} MiB checkpoint", shape.files, shape.dirs, shape.shard_size >> 20);
     let data = work.join(format!("data-{}-{}", shape.files, shape.shard_size >> 20));
@@ -233,16 +244,23 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     };
     println!("SeaweedFS at {} behind a {link_mbit} Mbit/s tbf link (netns {})", store.endpoint, link.ns);
     workload::upload(&store.endpoint, &store.bucket, &store.prefix, &data, &set)?;
-    println!("writing JuiceFS's own copy through a JuiceFS mount (its chunk format differs)");
-    let jfs = peers::juicefs::prepare(&store, &work.join("juicefs-volume"), &data, &set)?;
+    let jfs = if systems.contains(&System::JuiceFs) {
+        println!("writing JuiceFS's own copy through a JuiceFS mount (its chunk format differs)");
+        Some(peers::juicefs::prepare(&store, &work.join("juicefs-volume"), &data, &set)?)
+    } else {
+        None
+    };
 
     let bench = Bench { link, store, work: work.clone(), data, samples, checkpoint, settings };
     let mut results: Vec<Vec<(System, SystemRun)>> = vec![Vec::new(); WORKLOADS.len()];
     for &sys in &systems {
+        if sys == System::Sluice && sluice_bin.is_none() {
+            continue;
+        }
         println!("== {}", sys.title());
         let runs = match sys {
             System::Local | System::Boto3 | System::S3Torch => bench.direct(sys),
-            _ => bench.cached(sys, &jfs, sluice_bin.as_deref()),
+            _ => bench.cached(sys, jfs.as_ref(), sluice_bin.as_deref()),
         };
         match runs {
             Ok(runs) => {
@@ -266,7 +284,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         std::fs::write(path, serde_json::to_string_pretty(&figures)?).with_context(|| format!("writing {}", path.display()))?;
     }
     // Full runs refresh the docs; quick runs leave them alone unless asked.
-    let to_docs = !quick || std::env::var_os("SLUICE_BENCH_WRITE_DOCS").is_some();
+    let to_docs = only.is_none() && (!quick || std::env::var_os("SLUICE_BENCH_WRITE_DOCS").is_some());
     let (doc, plots) = if to_docs {
         (crate::tasks::root().join("docs/benchmarks.md"), crate::tasks::root().join("docs/plots"))
     } else {
@@ -304,13 +322,13 @@ impl Bench {
     }
 
     /// The FUSE peers and Sluice: a fresh daemon and empty cache per workload group.
-    fn cached(&self, sys: System, jfs: &peers::juicefs::Volume, sluice: Option<&Path>) -> anyhow::Result<Vec<SystemRun>> {
+    fn cached(&self, sys: System, jfs: Option<&peers::juicefs::Volume>, sluice: Option<&Path>) -> anyhow::Result<Vec<SystemRun>> {
         let full = self.budget(self.settings.disk_cache_bytes);
         let half = self.budget(self.settings.half_cache_bytes);
         let dir = self.work.join(sys.key());
         let start = |budget: Budget, capped: bool| -> anyhow::Result<Mounted> {
             match sys {
-                System::JuiceFs => jfs.mount(&dir, budget),
+                System::JuiceFs => jfs.context("JuiceFS volume not prepared")?.mount(&dir, budget),
                 System::Rclone => peers::rclone::mount(&self.store, &dir, budget),
                 System::S3fs => peers::s3fs::mount(&self.store, &dir, budget, capped),
                 _ => {
@@ -560,6 +578,7 @@ impl Report {
             workloads.insert((*key).into(), json!({ "title": title, "systems": systems }));
         }
         let left_out: Vec<&str> = System::ALL.iter().filter(|s| !self.systems.contains(s)).map(|s| s.key()).collect();
+        // Sluice is absent only through `sluice_error`, said separately.
         json!({
             "quick": self.settings.quick,
             "settings": self.settings,

@@ -30,7 +30,7 @@ pub fn prepare(store: &Store, work: &Path, local: &Path, set: &FileSet) -> anyho
     let _ = std::fs::remove_dir_all(work);
     std::fs::create_dir_all(work)?;
     let meta = format!("sqlite3://{}", work.join("meta.db").display());
-    crate::tasks::run(
+    super::quiet(
         Command::new(&bin)
             .args(["format", "--storage", "s3", "--trash-days", "0", "--no-color"])
             .arg("--bucket")

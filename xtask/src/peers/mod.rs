@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::bail;
+use anyhow::{Context, bail};
 
 pub mod juicefs;
 pub mod rclone;
@@ -79,10 +79,10 @@ impl Mounted {
             if let Daemon::Child(c) = &mut self.daemon
                 && let Some(status) = c.try_wait()?
             {
-                bail!("{} exited with {status} before mounting; see {}", self.mountpoint.display(), log.display());
+                bail!("the daemon for {} exited with {status} before mounting; {}", self.mountpoint.display(), log_tail(log));
             }
             if Instant::now() > deadline {
-                bail!("{} was not mounted within 120s; see {}", self.root.display(), log.display());
+                bail!("{} was not mounted within 120s; {}", self.root.display(), log_tail(log));
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -139,8 +139,8 @@ impl CacheFs {
         let _ = std::fs::remove_file(image);
         std::fs::create_dir_all(dir)?;
         std::fs::File::create(image)?.set_len(bytes)?;
-        crate::tasks::run(Command::new("mkfs.ext4").args(["-q", "-F", "-m", "0", "-O", "^has_journal"]).arg(image))?;
-        crate::tasks::run(Command::new("mount").args(["-o", "loop"]).arg(image).arg(dir))?;
+        quiet(Command::new("mkfs.ext4").args(["-q", "-F", "-m", "0", "-O", "^has_journal"]).arg(image))?;
+        quiet(Command::new("mount").args(["-o", "loop"]).arg(image).arg(dir))?;
         Ok(CacheFs { dir: dir.to_path_buf() })
     }
 }
@@ -149,6 +149,22 @@ impl Drop for CacheFs {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg(&self.dir).stderr(Stdio::null()).status();
     }
+}
+
+/// Runs a setup command, keeping its output unless it fails.
+pub fn quiet(cmd: &mut Command) -> anyhow::Result<()> {
+    let out = cmd.stdin(Stdio::null()).output().with_context(|| format!("starting {:?}", cmd.get_program()))?;
+    if !out.status.success() {
+        bail!("{cmd:?} failed with {}: {}{}", out.status, String::from_utf8_lossy(&out.stdout).trim(), String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(())
+}
+
+/// The last lines of a daemon's log, to put in an error.
+fn log_tail(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    format!("{} ends with:\n{}", log.display(), lines[lines.len().saturating_sub(5)..].join("\n"))
 }
 
 /// Whether something is mounted at `path` right now.

@@ -20,7 +20,10 @@ pub fn mount(store: &Store, dir: &Path, budget: Budget) -> anyhow::Result<Mounte
     // Per open file read-ahead: the memory budget shared by the readers.
     let buffer = mib(budget.memory / budget.readers as u64);
     let mut cmd = Command::new(bin);
-    cmd.env("RCLONE_CONFIG_BENCH_TYPE", "s3")
+    // The endpoint is plain HTTP; a CA bundle from the environment makes rclone's S3 backend
+    // refuse to start ("unable to load custom CA bundle").
+    cmd.env_remove("AWS_CA_BUNDLE")
+        .env("RCLONE_CONFIG_BENCH_TYPE", "s3")
         .env("RCLONE_CONFIG_BENCH_PROVIDER", "Other")
         .env("RCLONE_CONFIG_BENCH_ENDPOINT", &store.endpoint)
         .env("RCLONE_CONFIG_BENCH_ACCESS_KEY_ID", crate::seaweed::ACCESS_KEY)
