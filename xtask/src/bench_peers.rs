@@ -333,7 +333,9 @@ impl Bench {
                 System::S3fs => peers::s3fs::mount(&self.store, &dir, budget, capped),
                 _ => {
                     let bin = sluice.context("the release agent did not build (see above)")?;
-                    peers::sluice::mount(bin, &self.store, &dir, budget, capped.then_some(budget.disk))
+                    // Sluice caps a dataset with its quota; the node's disk stays at the full
+                    // budget, as on a node that serves other datasets too.
+                    peers::sluice::mount(bin, &self.store, &dir, if capped { full } else { budget }, capped.then_some(budget.disk))
                 }
             }
         };
@@ -577,14 +579,24 @@ impl Report {
             }
             workloads.insert((*key).into(), json!({ "title": title, "systems": systems }));
         }
-        let left_out: Vec<&str> = System::ALL.iter().filter(|s| !self.systems.contains(s)).map(|s| s.key()).collect();
-        // Sluice is absent only through `sluice_error`, said separately.
+        // Why each absent system is absent (Sluice's reason is `sluice_error`).
+        let left_out: serde_json::Map<String, serde_json::Value> = System::ALL
+            .iter()
+            .filter(|s| !self.systems.contains(s))
+            .map(|s| {
+                let why = if *s == System::S3Torch && self.settings.quick {
+                    "--quick leaves out s3torchconnector (it pulls PyTorch, about 5 GB)"
+                } else {
+                    "not in SLUICE_BENCH_ONLY"
+                };
+                (s.key().to_string(), json!(why))
+            })
+            .collect();
         json!({
             "quick": self.settings.quick,
             "settings": self.settings,
             "versions": self.versions.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
             "left_out": left_out,
-            "left_out_reason": if left_out.is_empty() { None } else { Some("--quick leaves out s3torchconnector (it pulls PyTorch, about 5 GB)") },
             "sluice_error": self.sluice_error,
             "ratios": self.ratios(),
             "workloads": workloads,
@@ -690,6 +702,10 @@ impl Report {
         let mut out = String::from("## Against peers\n\n");
         let cmd = if s.quick { "cargo xtask bench peers --quick --json peers.json" } else { "cargo xtask bench peers --json peers.json" };
         let _ = writeln!(out, "Written by `{cmd}` (as root). Issue #5.");
+        let _ = writeln!(
+            out,
+            "\nFull runs rewrite this section and `docs/plots/peers-*.svg`; quick runs write theirs under `target/bench/peers/` unless `SLUICE_BENCH_WRITE_DOCS=1`. `SLUICE_BENCH_ONLY=rclone,s3fs` runs a subset (docs untouched), `SLUICE_BENCH_NO_AGENT=1` leaves Sluice out, and `SLUICE_BENCH_TORCH=1 .ci/install-deps` installs s3torchconnector for full runs."
+        );
         if s.quick {
             let _ = writeln!(
                 out,

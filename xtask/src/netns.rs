@@ -4,6 +4,7 @@
 //! Addresses are the project's own (10.231.0.1 on the host side, 10.231.0.2 inside), so the
 //! benchmark never talks to any other host. Everything is removed on drop, also on error.
 
+use std::path::Path;
 use std::process::{Command, Stdio};
 
 use anyhow::{Context, bail};
@@ -38,6 +39,7 @@ impl Link {
 
     /// Creates the namespace and the shaped veth pair (root only).
     pub fn create(rate_mbit: u32) -> anyhow::Result<Link> {
+        remove_stale();
         let id = std::process::id();
         let link = Link { ns: format!("sluice-bench-{id}"), host_if: format!("slb{id}h") };
         let peer = format!("slb{id}n");
@@ -84,6 +86,20 @@ impl Drop for Link {
         // Deleting one end of a veth pair deletes both; then the namespace goes.
         let _ = Command::new("ip").args(["link", "del", &self.host_if]).stderr(Stdio::null()).status();
         let _ = Command::new("ip").args(["netns", "del", &self.ns]).stderr(Stdio::null()).status();
+    }
+}
+
+/// Deletes namespaces left by benchmark runs that were killed (their pid is gone), with
+/// their veth pairs.
+fn remove_stale() {
+    let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else { return };
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let name = line.split_whitespace().next().unwrap_or("");
+        if let Some(pid) = name.strip_prefix("sluice-bench-")
+            && !Path::new(&format!("/proc/{pid}")).exists()
+        {
+            let _ = Command::new("ip").args(["netns", "del", name]).stderr(Stdio::null()).status();
+        }
     }
 }
 

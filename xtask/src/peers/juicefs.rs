@@ -27,7 +27,7 @@ pub fn version() -> String {
 /// Formats a volume in its own bucket and copies the dataset in through a mount.
 pub fn prepare(store: &Store, work: &Path, local: &Path, set: &FileSet) -> anyhow::Result<Volume> {
     let bin = juicefs()?;
-    let _ = std::fs::remove_dir_all(work);
+    super::clear(work)?;
     std::fs::create_dir_all(work)?;
     let meta = format!("sqlite3://{}", work.join("meta.db").display());
     super::quiet(
@@ -73,7 +73,7 @@ pub fn prepare(store: &Store, work: &Path, local: &Path, set: &FileSet) -> anyho
 impl Volume {
     /// Mounts the volume with a fresh, empty cache of the budget's size.
     pub fn mount(&self, dir: &Path, budget: Budget) -> anyhow::Result<Mounted> {
-        let _ = std::fs::remove_dir_all(dir);
+        super::clear(dir)?;
         let (mnt, cache) = (dir.join("mnt"), dir.join("cache"));
         std::fs::create_dir_all(&cache)?;
         let mut cmd = Command::new(juicefs()?);

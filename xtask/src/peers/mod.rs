@@ -167,6 +167,23 @@ fn log_tail(log: &Path) -> String {
     format!("{} ends with:\n{}", log.display(), lines[lines.len().saturating_sub(5)..].join("\n"))
 }
 
+/// Empties a peer's work folder, first detaching whatever a crashed run left mounted in it.
+pub fn clear(dir: &Path) -> anyhow::Result<()> {
+    if let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") {
+        let prefix = format!("{}/", dir.display());
+        let mut stale: Vec<&str> = info.lines().filter_map(|l| l.split(' ').nth(4)).filter(|m| m.starts_with(&prefix)).collect();
+        // Deepest first, so a mount inside another comes off before its parent.
+        stale.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        for m in stale {
+            let _ = Command::new("umount").arg("-l").arg(m).stderr(Stdio::null()).status();
+        }
+    }
+    match std::fs::remove_dir_all(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e).with_context(|| format!("removing {}", dir.display())),
+        _ => Ok(()),
+    }
+}
+
 /// Whether something is mounted at `path` right now.
 pub fn is_mounted(path: &Path) -> bool {
     let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return false };

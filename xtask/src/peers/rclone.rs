@@ -14,7 +14,7 @@ pub fn version() -> String {
 /// Mounts the dataset's prefix with a fresh cache of the budget's size.
 pub fn mount(store: &Store, dir: &Path, budget: Budget) -> anyhow::Result<Mounted> {
     let bin = crate::seaweed::which("rclone").context("`rclone` not found: apt-get install rclone (.ci/install-deps installs it)")?;
-    let _ = std::fs::remove_dir_all(dir);
+    super::clear(dir)?;
     let (mnt, cache) = (dir.join("mnt"), dir.join("cache"));
     std::fs::create_dir_all(&cache)?;
     // Per open file read-ahead: the memory budget shared by the readers.

@@ -16,13 +16,7 @@ pub fn version() -> String {
 /// exactly the budget's size.
 pub fn mount(store: &Store, dir: &Path, budget: Budget, capped: bool) -> anyhow::Result<Mounted> {
     let bin = crate::seaweed::which("s3fs").context("`s3fs` not found: apt-get install s3fs (.ci/install-deps installs it)")?;
-    if let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") {
-        // A previous run's capped cache, left mounted by a crash.
-        if info.contains(&*dir.join("cache").to_string_lossy()) {
-            let _ = Command::new("umount").arg("-l").arg(dir.join("cache")).status();
-        }
-    }
-    let _ = std::fs::remove_dir_all(dir);
+    super::clear(dir)?;
     let (mnt, cache) = (dir.join("mnt"), dir.join("cache"));
     std::fs::create_dir_all(&cache)?;
     let cache_fs = if capped { Some(CacheFs::create(&dir.join("cache.img"), &cache, budget.disk)?) } else { None };

@@ -13,8 +13,7 @@ pub fn build() -> anyhow::Result<PathBuf> {
 /// Starts the agent with a fresh cache; `epoch_quota` sets `spec.cache: { policy: epoch,
 /// quota }` on the Dataset.
 pub fn mount(bin: &Path, store: &Store, dir: &Path, budget: Budget, epoch_quota: Option<u64>) -> anyhow::Result<Mounted> {
-    let _ = std::process::Command::new("umount").arg("-l").arg(dir.join("mnt/bench")).stderr(std::process::Stdio::null()).status();
-    let _ = std::fs::remove_dir_all(dir);
+    super::clear(dir)?;
     let setup = AgentSetup {
         work: dir,
         dataset: "bench",
