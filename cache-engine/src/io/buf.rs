@@ -80,3 +80,64 @@ impl Drop for AlignedBuf {
         unsafe { dealloc(self.ptr.as_ptr(), layout) }
     }
 }
+
+/// Large read buffers are recycled: a fresh multi-MiB allocation is a fresh mmap whose
+/// pages the kernel must fault in and zero on every read.
+pub(crate) mod pool {
+    use std::sync::Mutex;
+
+    use bytes::Bytes;
+
+    use super::{ALIGN, AlignedBuf};
+
+    /// Size classes: powers of two from 64 KiB to 8 MiB.
+    const MIN_SHIFT: u32 = 16;
+    const CLASSES: usize = 8;
+    /// Buffers kept per class.
+    const KEEP: usize = 16;
+
+    static POOL: [Mutex<Vec<AlignedBuf>>; CLASSES] = [const { Mutex::new(Vec::new()) }; CLASSES];
+
+    fn class(len: usize) -> Option<usize> {
+        let shift = len.max(ALIGN).next_power_of_two().trailing_zeros().max(MIN_SHIFT);
+        let c = (shift - MIN_SHIFT) as usize;
+        (c < CLASSES).then_some(c)
+    }
+
+    /// A buffer of at least `len` bytes, recycled when possible.
+    pub(crate) fn take(len: usize) -> AlignedBuf {
+        match class(len) {
+            Some(c) => POOL[c].lock().unwrap().pop().unwrap_or_else(|| AlignedBuf::zeroed(1 << (c as u32 + MIN_SHIFT))),
+            None => AlignedBuf::zeroed(len),
+        }
+    }
+
+    /// Owner of a pooled buffer inside a `Bytes`: hands it back on drop.
+    struct Pooled(Option<AlignedBuf>);
+
+    impl AsRef<[u8]> for Pooled {
+        fn as_ref(&self) -> &[u8] {
+            self.0.as_deref().unwrap_or(&[])
+        }
+    }
+
+    impl Drop for Pooled {
+        fn drop(&mut self) {
+            if let Some(buf) = self.0.take()
+                && buf.len().is_power_of_two()
+                && let Some(c) = class(buf.len())
+                && buf.len() == 1 << (c as u32 + MIN_SHIFT)
+            {
+                let mut keep = POOL[c].lock().unwrap();
+                if keep.len() < KEEP {
+                    keep.push(buf);
+                }
+            }
+        }
+    }
+
+    /// The first `n` bytes of `buf` as `Bytes`, without a copy.
+    pub(crate) fn into_bytes(buf: AlignedBuf, n: usize) -> Bytes {
+        Bytes::from_owner(Pooled(Some(buf))).slice(..n)
+    }
+}

@@ -86,7 +86,7 @@ impl IoEngine for PsyncEngine {
             Err(e) => return Box::pin(async move { Err(e) }),
         };
         self.submit(move || {
-            let mut buf = AlignedBuf::zeroed(len);
+            let mut buf = super::buf::pool::take(len);
             let mut done = 0;
             while done < len {
                 match file.read_at(&mut buf[done..len], offset + done as u64) {
@@ -96,7 +96,7 @@ impl IoEngine for PsyncEngine {
                     Err(e) => return Err(e),
                 }
             }
-            Ok(Bytes::from_owner(buf).slice(..done))
+            Ok(super::buf::pool::into_bytes(buf, done))
         })
     }
 

@@ -103,10 +103,9 @@ impl UringEngine {
         // SAFETY: efd is a fresh descriptor that nothing else owns.
         let wake = unsafe { OwnedFd::from_raw_fd(efd) };
         let shared = Arc::new(Shared { queue: Mutex::new(Vec::new()), wake, idle: AtomicBool::new(false) });
-        let thread_shared = shared.clone();
-        let thread = std::thread::Builder::new()
-            .name("sluice-uring".into())
-            .spawn(move || RingThread::new(ring, thread_shared, qd as usize).run())?;
+        // Built here, not in the thread, so the registered buffers exist when `new` returns.
+        let ring_thread = RingThread::new(ring, shared.clone(), qd as usize);
+        let thread = std::thread::Builder::new().name("sluice-uring".into()).spawn(move || ring_thread.run())?;
         Ok(UringEngine { shared, files: Mutex::new(vec![false; params.max_files as usize]), thread: Some(thread) })
     }
 }
@@ -295,7 +294,7 @@ impl RingThread {
                         .build()
                         .user_data(ud as u64)
                 } else {
-                    let mut buf = AlignedBuf::zeroed(len);
+                    let mut buf = super::buf::pool::take(len);
                     let ptr = buf.as_mut_ptr();
                     let ud = self.slot(Inflight::Read { buf: ReadBuf::Owned(buf), tx });
                     opcode::Read::new(types::Fixed(slot), ptr, len as u32).offset(offset).build().user_data(ud as u64)
@@ -334,7 +333,7 @@ impl RingThread {
                             self.free_registered.push(idx);
                             b
                         }
-                        ReadBuf::Owned(buf) => Bytes::from_owner(buf).slice(..n),
+                        ReadBuf::Owned(buf) => super::buf::pool::into_bytes(buf, n),
                     })
                 };
                 let _ = tx.send(out);
