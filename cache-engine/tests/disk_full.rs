@@ -24,15 +24,25 @@ async fn disk_full_fails_inserts_cleanly() {
         let mnt = base.path().join("mnt");
         std::fs::create_dir(&mnt).unwrap();
         std::fs::File::create(&image).unwrap().set_len(24 << 20).unwrap();
-        if !run(Command::new("mkfs.ext4").args(["-q", "-F", "-m", "0"]).arg(&image))
-            || !run(Command::new("mount").args(["-o", "loop"]).arg(&image).arg(&mnt))
-        {
-            eprintln!("skipping disk_full_fails_inserts_cleanly: cannot make or loop-mount an ext4 image");
+        if !run(Command::new("mkfs.ext4").args(["-q", "-F", "-m", "0"]).arg(&image)) {
+            eprintln!("skipping disk_full_fails_inserts_cleanly: mkfs.ext4 failed");
+            return;
+        }
+        // An explicit loop device, detached at the end (a plain `mount -o loop` can leave
+        // it attached).
+        let out = Command::new("losetup").args(["--find", "--show"]).arg(&image).output().unwrap();
+        let dev = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        if !out.status.success() || !run(Command::new("mount").arg(&dev).arg(&mnt)) {
+            eprintln!("skipping disk_full_fails_inserts_cleanly: cannot attach or mount a loop device");
+            if out.status.success() {
+                run(Command::new("losetup").args(["-d", &dev]));
+            }
             return;
         }
         let result = std::panic::AssertUnwindSafe(scenario(engine, &mnt));
         let outcome = futures::FutureExt::catch_unwind(result).await;
         run(Command::new("umount").arg(&mnt));
+        run(Command::new("losetup").args(["-d", &dev]));
         if let Err(p) = outcome {
             std::panic::resume_unwind(p);
         }

@@ -223,6 +223,7 @@ impl RingThread {
                 }
             }
             if shutdown && self.inflight == 0 && self.backlog.is_empty() {
+                self.teardown();
                 return;
             }
             if self.inflight < self.qd {
@@ -265,6 +266,28 @@ impl RingThread {
                 }
             }
         }
+    }
+
+    /// Completes the armed eventfd read and drops the registrations before the ring goes,
+    /// so that no request or file reference outlives the engine (a file still registered
+    /// would keep its filesystem busy after the cache is dropped).
+    fn teardown(&mut self) {
+        if self.wake_armed {
+            self.shared.wake_thread();
+            while self.wake_armed {
+                if let Err(e) = self.ring.submit_and_wait(1)
+                    && e.raw_os_error() != Some(libc::EINTR)
+                {
+                    break;
+                }
+                let done: Vec<u64> = self.ring.completion().map(|c| c.user_data()).collect();
+                if done.contains(&WAKE) {
+                    self.wake_armed = false;
+                }
+            }
+        }
+        let _ = self.ring.submitter().unregister_files();
+        let _ = self.ring.submitter().unregister_buffers();
     }
 
     fn slot(&mut self, op: Inflight) -> usize {
