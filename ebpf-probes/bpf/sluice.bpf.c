@@ -8,8 +8,10 @@
  *     read by walking current->files->fdt->fd[fd], so fds that were dup'ed, inherited over
  *     fork or opened by openat2/io_uring count too;
  *  2. by path: an absolute openat path starting with a prefix in `watched_prefixes` marks
- *     the returned fd in `watched_fds` (tgid << 32 | fd -> dev, ino), cleared at close. A
- *     read counts when the fd still resolves to that same (dev, ino).
+ *     the returned fd in `watched_fds` (tgid << 32 | fd -> dev, ino), cleared at close, and
+ *     its open file (struct file *) in `watched_files`, so the mark survives dup2 (dd moves
+ *     its input to fd 0) and fork. A read counts when the fd resolves to that same (dev,
+ *     ino); the check also makes a recycled struct file address harmless.
  * Everything is aggregated per cgroup id (cgroup v2) and mount id in per-CPU maps; a
  * sampled stream of accesses goes to user space through a ring buffer. */
 #include <linux/bpf.h>
@@ -44,6 +46,15 @@ struct {
 	__type(key, __u64); /* tgid << 32 | fd */
 	__type(value, struct sluice_watched_fd);
 } watched_fds SEC(".maps");
+
+/* The same marks keyed by open file; never cleared (another fd may still share the file),
+ * LRU evicts old ones. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u64); /* struct file * */
+	__type(value, struct sluice_watched_fd);
+} watched_files SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -232,6 +243,14 @@ static __always_inline int watched_read_target(__u32 tgid, __u32 fd, struct infl
 		r->mount_id = wf->mount_id;
 		return 1;
 	}
+	__u64 fkey = (__u64)f;
+	wf = bpf_map_lookup_elem(&watched_files, &fkey);
+	if (wf && wf->dev == r->dev && wf->ino == r->ino) {
+		r->mount_id = wf->mount_id;
+		/* A dup'ed or inherited fd of a watched file: mark it too. */
+		bpf_map_update_elem(&watched_fds, &key, wf, BPF_ANY);
+		return 1;
+	}
 	return 0;
 }
 
@@ -414,6 +433,10 @@ int sys_exit_openat(struct tp_sys_exit *ctx)
 
 	__u64 key = ((__u64)tgid << 32) | fd;
 	bpf_map_update_elem(&watched_fds, &key, &w, BPF_ANY);
+	if (!wd) {
+		__u64 fkey = (__u64)f;
+		bpf_map_update_elem(&watched_files, &fkey, &w, BPF_ANY);
+	}
 	struct sluice_read_stats *s = read_stats_for(bpf_get_current_cgroup_id(), w.mount_id);
 	if (s)
 		s->opens += 1;

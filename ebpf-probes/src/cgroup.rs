@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// What runs in a cgroup, as far as its path tells.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -160,6 +160,7 @@ fn container_id(part: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     const UID: &str = "0c7e6f6a-3a43-4b8e-9d1e-2f1d8a6b5c4d";
     const CTR: &str = "4f2d9a8b7c6e5d4c3b2a19081716151413121110";

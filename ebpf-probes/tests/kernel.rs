@@ -1,0 +1,311 @@
+//! The probes on the real kernel: load/attach/detach, per-cgroup counting of watched reads,
+//! prefix watches, off-CPU time inside a blocking read, and the sampled access stream.
+//!
+//! Needs root (BPF, mounts, cgroups); without it every test prints why it skipped.
+
+use std::io::{Read, Write};
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use sluice_ebpf_probes::cgroup::{CgroupResolver, Workload, cgroup2_root};
+use sluice_ebpf_probes::{CgroupReadStats, ProbeConfig, Probes, ReadKind};
+
+/// One test at a time: they read the whole machine's programs, cgroups and mounts.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// The lock, or `None` (with the reason printed) when the test cannot run here.
+fn privileged() -> Option<MutexGuard<'static, ()>> {
+    // SAFETY-free check: geteuid via /proc (the crate keeps unsafe code in one module).
+    let uid = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("Uid:").map(|v| v.split_whitespace().nth(1).map(str::to_owned))))
+        .flatten();
+    if uid.as_deref() != Some("0") {
+        eprintln!("skipped: needs root to load eBPF programs, mount tmpfs and create cgroups");
+        return None;
+    }
+    if cgroup2_root().is_none() {
+        eprintln!("skipped: no cgroup2 hierarchy mounted");
+        return None;
+    }
+    if !Path::new("/sys/kernel/tracing/events").is_dir() && !Path::new("/sys/kernel/debug/tracing/events").is_dir() {
+        let _ = Command::new("mount").args(["-t", "tracefs", "nodev", "/sys/kernel/tracing"]).status();
+    }
+    let _ = Command::new("modprobe").arg("fuse").status(); // fuse tracepoints live in the module
+    Some(SERIAL.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
+fn run(cmd: &mut Command) {
+    let status = cmd.status().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(status.success(), "{cmd:?} failed: {status}");
+}
+
+/// A fresh tmpfs: its own superblock, so its s_dev identifies it like a FUSE mount's would.
+struct Tmpfs {
+    dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    fn mount() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        run(Command::new("mount").args(["-t", "tmpfs", "-o", "size=64m", "sluice-test"]).arg(dir.path()));
+        Self { dir }
+    }
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(self.dir.path()).status();
+    }
+}
+
+/// A test-made cgroup laid out like a Kubernetes pod's container (cgroupfs driver).
+struct TestCgroup {
+    dirs: Vec<PathBuf>,
+    uid: String,
+}
+
+impl TestCgroup {
+    fn new(tag: &str) -> Self {
+        let root = cgroup2_root().unwrap();
+        let uid = format!("5a1ce000-0000-4000-8000-{:012x}", std::process::id() as u64 * 16 + tag.len() as u64);
+        let top = root.join(format!("sluice-test-kubepods-{}-{tag}", std::process::id()));
+        let pod = top.join(format!("pod{uid}"));
+        let ctr = pod.join("ctr0");
+        std::fs::create_dir_all(&ctr).unwrap_or_else(|e| panic!("creating cgroup {}: {e}", ctr.display()));
+        Self { dirs: vec![ctr, pod, top], uid }
+    }
+
+    fn id(&self) -> u64 {
+        std::fs::metadata(&self.dirs[0]).unwrap().ino()
+    }
+
+    /// Run a shell script inside this cgroup and wait for it.
+    fn sh(&self, script: &str) {
+        let procs = self.dirs[0].join("cgroup.procs");
+        run(Command::new("sh").arg("-c").arg(format!("echo $$ > {} && {script}", procs.display())));
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        for dir in &self.dirs {
+            // The exited shell may take a moment to leave the cgroup.
+            for _ in 0..50 {
+                if std::fs::remove_dir(dir).is_ok() || !dir.exists() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+fn write_file(path: &Path, len: usize) {
+    let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+    std::fs::write(path, data).unwrap();
+}
+
+fn stats_of(snapshot: &[CgroupReadStats], cgroup_id: u64) -> Vec<&CgroupReadStats> {
+    snapshot.iter().filter(|s| s.cgroup_id == cgroup_id).collect()
+}
+
+fn bpffs_entries() -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![PathBuf::from("/sys/fs/bpf")];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            out.push(e.path().display().to_string());
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                stack.push(e.path());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+fn loaded_program_ids() -> Vec<u32> {
+    aya::programs::loaded_programs().filter_map(Result::ok).map(|p| p.id()).collect()
+}
+
+#[test]
+fn probes_load_attach_and_detach_leaving_nothing_behind() {
+    let Some(_serial) = privileged() else { return };
+    let pinned_before = bpffs_entries();
+    let probes = Probes::load(ProbeConfig::default()).expect("probes load on this kernel");
+    let ids = probes.program_ids();
+    assert_eq!(ids.len(), sluice_ebpf_probes::TRACEPOINTS.len(), "one program per tracepoint");
+    let loaded = loaded_program_ids();
+    assert!(ids.iter().all(|id| loaded.contains(id)), "programs visible in the kernel while loaded");
+    assert_eq!(probes.lost_events().unwrap(), 0);
+    drop(probes);
+
+    // Program memory is freed after an RCU grace period: give it a moment.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let loaded = loaded_program_ids();
+        let left: Vec<_> = ids.iter().filter(|id| loaded.contains(id)).collect();
+        if left.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "programs still loaded after drop: {left:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(bpffs_entries(), pinned_before, "nothing pinned in /sys/fs/bpf");
+}
+
+#[test]
+fn watched_reads_are_counted_under_the_readers_cgroup_and_unwatched_ones_are_not() {
+    let Some(_serial) = privileged() else { return };
+    let mount = Tmpfs::mount();
+    let watched = mount.path().join("shard-0000.tar");
+    let len = (1 << 20) + 12345;
+    write_file(&watched, len);
+    let elsewhere = tempfile::tempdir().unwrap();
+    let unwatched = elsewhere.path().join("other.bin");
+    write_file(&unwatched, len);
+    assert_ne!(std::fs::metadata(&watched).unwrap().dev(), std::fs::metadata(&unwatched).unwrap().dev());
+
+    let mut probes =
+        Probes::load(ProbeConfig::default().watch_filesystem(mount.path()).sample_every(1)).expect("probes load");
+    let reader = TestCgroup::new("reader");
+    let other = TestCgroup::new("other");
+    reader.sh(&format!("exec dd if={} of=/dev/null bs=65536 status=none", watched.display()));
+    other.sh(&format!(
+        "dd if={} of=/dev/null bs=65536 status=none; i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done",
+        unwatched.display()
+    ));
+
+    let snapshot = probes.snapshot().unwrap();
+    let mine = stats_of(&snapshot, reader.id());
+    assert_eq!(mine.len(), 1, "one (cgroup, mount) entry for the reader: {snapshot:#?}");
+    let s = mine[0];
+    assert_eq!(s.mount_id, 0);
+    assert_eq!(s.bytes, len as u64, "bytes read by dd");
+    assert_eq!(s.calls, len.div_ceil(65536) as u64 + 1, "one read per 64 KiB block, plus the EOF read");
+    assert_eq!(s.opens, 1);
+    assert_eq!(s.errors, 0);
+    assert_eq!(s.latency.count(), s.calls);
+    assert!(stats_of(&snapshot, other.id()).is_empty(), "no dataset reads for the other cgroup: {snapshot:#?}");
+
+    // The sampled stream (every read) describes the same reads.
+    let ino = std::fs::metadata(&watched).unwrap().ino();
+    let dev = std::fs::metadata(&watched).unwrap().dev();
+    let events: Vec<_> = probes.drain_accesses().into_iter().filter(|e| e.cgroup_id == reader.id()).collect();
+    assert_eq!(events.len() as u64, s.calls);
+    assert!(events.iter().all(|e| e.ino == ino && e.dev == dev && e.kind == ReadKind::Read && e.mount_id == 0));
+    let offsets: Vec<i64> = events.iter().map(|e| e.offset).collect();
+    let want: Vec<i64> = (0..events.len() as i64).map(|i| (i * 65536).min(len as i64)).collect();
+    assert_eq!(offsets, want, "file offsets of successive reads");
+    assert_eq!(events.iter().map(|e| e.size).sum::<u64>(), len as u64);
+    assert_eq!(probes.lost_events().unwrap(), 0);
+
+    // The cgroup id names the pod.
+    let info = CgroupResolver::new(cgroup2_root().unwrap()).resolve(reader.id()).unwrap().unwrap();
+    assert!(matches!(&info.workload, Workload::Pod { uid, .. } if *uid == reader.uid), "{info:?}");
+}
+
+#[test]
+fn a_path_prefix_watch_counts_only_files_under_that_directory() {
+    let Some(_serial) = privileged() else { return };
+    let base = tempfile::tempdir().unwrap();
+    let data = base.path().join("data");
+    let sibling = base.path().join("data2"); // same prefix as a string, another directory
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::create_dir_all(&sibling).unwrap();
+    write_file(&data.join("a.bin"), 70_000);
+    write_file(&sibling.join("b.bin"), 50_000);
+
+    let probes = Probes::load(ProbeConfig::default().watch_prefix(&data)).expect("probes load");
+    let cg = TestCgroup::new("prefix");
+    cg.sh(&format!(
+        "dd if={} of=/dev/null bs=4096 status=none && dd if={} of=/dev/null bs=4096 status=none",
+        data.join("a.bin").display(),
+        sibling.join("b.bin").display()
+    ));
+    let snapshot = probes.snapshot().unwrap();
+    let mine = stats_of(&snapshot, cg.id());
+    assert_eq!(mine.len(), 1, "{snapshot:#?}");
+    assert_eq!(mine[0].bytes, 70_000, "only data/a.bin is a dataset read");
+    assert_eq!(mine[0].opens, 1);
+}
+
+/// The cgroup v2 id of this test process.
+fn own_cgroup_id() -> u64 {
+    let text = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+    let rel = text.lines().find_map(|l| l.strip_prefix("0::")).expect("cgroup v2 line in /proc/self/cgroup");
+    let dir = cgroup2_root().unwrap().join(rel.trim_start_matches('/'));
+    std::fs::metadata(dir).unwrap().ino()
+}
+
+#[test]
+fn time_blocked_in_a_fifo_read_matches_what_the_reader_measured() {
+    let Some(_serial) = privileged() else { return };
+    let mount = Tmpfs::mount();
+    let fifo = mount.path().join("slow-source");
+    run(Command::new("mkfifo").arg(&fifo));
+    let probes = Probes::load(ProbeConfig::default().watch_filesystem(mount.path()).sample_every(0)).expect("probes load");
+
+    let writer_path = fifo.clone();
+    let writer = std::thread::spawn(move || {
+        let mut w = std::fs::OpenOptions::new().write(true).open(writer_path).unwrap();
+        std::thread::sleep(Duration::from_millis(400));
+        w.write_all(&[7u8; 100]).unwrap();
+    });
+    let mut r = std::fs::File::open(&fifo).unwrap(); // returns once the writer has opened
+    let mut buf = [0u8; 100];
+    let start = Instant::now();
+    let n = r.read(&mut buf).unwrap();
+    let measured = start.elapsed().as_nanos() as u64;
+    writer.join().unwrap();
+    assert_eq!(n, 100);
+    assert!(measured > 200_000_000, "the read blocked ({measured} ns)");
+
+    let snapshot = probes.snapshot().unwrap();
+    let mine = stats_of(&snapshot, own_cgroup_id());
+    assert_eq!(mine.len(), 1, "{snapshot:#?}");
+    let s = mine[0];
+    assert_eq!((s.calls, s.bytes), (1, 100));
+    let diff = s.blocked_ns.abs_diff(measured);
+    assert!(
+        diff * 10 <= measured,
+        "blocked {} ns in the kernel vs {measured} ns measured by the reader (more than 10% apart)",
+        s.blocked_ns
+    );
+    assert!(s.latency_ns >= s.blocked_ns);
+}
+
+#[test]
+fn positioned_reads_are_sampled_with_their_offsets() {
+    let Some(_serial) = privileged() else { return };
+    let mount = Tmpfs::mount();
+    let path = mount.path().join("sample.bin");
+    write_file(&path, 1 << 16);
+    let mut probes = Probes::load(ProbeConfig::default().watch_filesystem(mount.path()).sample_every(1)).expect("probes load");
+
+    let file = std::fs::File::open(&path).unwrap();
+    let mut buf = [0u8; 4096];
+    for offset in [8192u64, 0, 61440] {
+        assert_eq!(file.read_at(&mut buf, offset).unwrap(), 4096);
+    }
+    drop(file);
+    let me = own_cgroup_id();
+    let events: Vec<_> = probes.drain_accesses().into_iter().filter(|e| e.cgroup_id == me).collect();
+    let got: Vec<_> = events.iter().map(|e| (e.kind, e.offset, e.size)).collect();
+    assert_eq!(got, vec![(ReadKind::Pread64, 8192, 4096), (ReadKind::Pread64, 0, 4096), (ReadKind::Pread64, 61440, 4096)]);
+    assert!(events.iter().all(|e| e.pid == std::process::id()));
+
+    // Sampling can be turned off at run time.
+    probes.set_sample_every(0).unwrap();
+    let file = std::fs::File::open(&path).unwrap();
+    file.read_at(&mut buf, 0).unwrap();
+    assert!(probes.drain_accesses().is_empty());
+    assert_eq!(probes.snapshot().unwrap().iter().map(|s| s.calls).sum::<u64>(), 4);
+}
