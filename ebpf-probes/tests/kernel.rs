@@ -18,12 +18,7 @@ static SERIAL: Mutex<()> = Mutex::new(());
 
 /// The lock, or `None` (with the reason printed) when the test cannot run here.
 fn privileged() -> Option<MutexGuard<'static, ()>> {
-    // SAFETY-free check: geteuid via /proc (the crate keeps unsafe code in one module).
-    let uid = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("Uid:").map(|v| v.split_whitespace().nth(1).map(str::to_owned))))
-        .flatten();
-    if uid.as_deref() != Some("0") {
+    if privileged_uid() != Some(0) {
         eprintln!("skipped: needs root to load eBPF programs, mount tmpfs and create cgroups");
         return None;
     }
@@ -279,6 +274,7 @@ fn time_blocked_in_a_fifo_read_matches_what_the_reader_measured() {
         "blocked {} ns in the kernel vs {measured} ns measured by the reader (more than 10% apart)",
         s.blocked_ns
     );
+    eprintln!("blocked {} ns in the kernel, {measured} ns measured by the reader", s.blocked_ns);
     assert!(s.latency_ns >= s.blocked_ns);
 }
 
@@ -308,4 +304,66 @@ fn positioned_reads_are_sampled_with_their_offsets() {
     file.read_at(&mut buf, 0).unwrap();
     assert!(probes.drain_accesses().is_empty());
     assert_eq!(probes.snapshot().unwrap().iter().map(|s| s.calls).sum::<u64>(), 4);
+}
+
+#[test]
+fn io_uring_reads_of_watched_files_are_counted() {
+    let Some(_serial) = privileged() else { return };
+    if Command::new("fio").arg("--version").output().is_err() {
+        eprintln!("skipped: fio (the io_uring reader) is not installed");
+        return;
+    }
+    let mount = Tmpfs::mount();
+    let path = mount.path().join("uring.bin");
+    write_file(&path, 1 << 16);
+    let probes = Probes::load(ProbeConfig::default().watch_filesystem(mount.path())).expect("probes load");
+    let cg = TestCgroup::new("uring");
+    cg.sh(&format!(
+        "exec fio --name=uring --filename={} --ioengine=io_uring --rw=read --bs=4k --size=64k --iodepth=4 \
+         --output=/dev/null",
+        path.display()
+    ));
+    let snapshot = probes.snapshot().unwrap();
+    let mine = stats_of(&snapshot, cg.id());
+    assert_eq!(mine.len(), 1, "{snapshot:#?}");
+    assert_eq!((mine[0].uring_reads, mine[0].uring_bytes), (16, 1 << 16), "{:#?}", mine[0]);
+    assert!(mine[0].uring_latency_ns > 0);
+}
+
+/// Without privileges, `load` fails with one line that says what is missing. As root the
+/// test re-runs itself as `nobody` through setpriv.
+#[test]
+fn load_without_privileges_names_the_missing_capability() {
+    if std::env::var_os("SLUICE_TEST_UNPRIVILEGED").is_some() || privileged_uid() != Some(0) {
+        let err = Probes::load(ProbeConfig::default()).expect_err("load must fail without privileges");
+        assert!(err.to_string().contains("CAP_BPF/CAP_SYS_ADMIN missing"), "{err}");
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all"])
+        .arg(&exe)
+        .args(["--exact", "load_without_privileges_names_the_missing_capability", "--nocapture"])
+        .env("SLUICE_TEST_UNPRIVILEGED", "1")
+        .output();
+    match out {
+        Ok(out) => assert!(
+            out.status.success() && String::from_utf8_lossy(&out.stdout).contains("1 passed"),
+            "unprivileged run failed:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+        Err(e) => eprintln!("skipped: cannot run setpriv ({e})"),
+    }
+}
+
+fn privileged_uid() -> Option<u32> {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
 }
