@@ -63,7 +63,10 @@ pub struct CgroupResolver {
 impl CgroupResolver {
     /// A resolver over the cgroup2 hierarchy mounted at `root`.
     pub fn new(root: impl Into<PathBuf>) -> Self {
-        Self { root: root.into(), known: HashMap::new() }
+        Self {
+            root: root.into(),
+            known: HashMap::new(),
+        }
     }
 
     /// The cgroup with this id, rescanning the tree once when it is not known yet.
@@ -87,7 +90,14 @@ impl CgroupResolver {
                 Err(e) if e.kind() == io::ErrorKind::NotFound && rel != "/" => continue,
                 Err(e) => return Err(e),
             };
-            known.insert(meta.ino(), CgroupInfo { id: meta.ino(), workload: classify(&rel), path: rel.clone() });
+            known.insert(
+                meta.ino(),
+                CgroupInfo {
+                    id: meta.ino(),
+                    workload: classify(&rel),
+                    path: rel.clone(),
+                },
+            );
             let entries = match std::fs::read_dir(&dir) {
                 Ok(e) => e,
                 Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
@@ -96,7 +106,11 @@ impl CgroupResolver {
             for entry in entries.flatten() {
                 if entry.file_type().is_ok_and(|t| t.is_dir()) {
                     let name = entry.file_name().to_string_lossy().into_owned();
-                    let child = if rel == "/" { format!("/{name}") } else { format!("{rel}/{name}") };
+                    let child = if rel == "/" {
+                        format!("/{name}")
+                    } else {
+                        format!("{rel}/{name}")
+                    };
                     stack.push((entry.path(), child));
                 }
             }
@@ -112,15 +126,27 @@ pub fn classify(path: &str) -> Workload {
     if let Some(k) = parts.iter().position(|p| p.contains("kubepods")) {
         for (i, part) in parts.iter().enumerate().skip(k) {
             if let Some((uid, qos)) = pod_uid(part) {
-                let qos = qos.or_else(|| parts[k..i].iter().find_map(|p| qos_in(p))).unwrap_or("guaranteed");
+                let qos = qos
+                    .or_else(|| parts[k..i].iter().find_map(|p| qos_in(p)))
+                    .unwrap_or("guaranteed");
                 let container = parts.get(i + 1).map(|c| container_id(c));
-                return Workload::Pod { uid, qos: qos.to_owned(), container };
+                return Workload::Pod {
+                    uid,
+                    qos: qos.to_owned(),
+                    container,
+                };
             }
         }
     }
     const UNIT_SUFFIXES: [&str; 5] = [".service", ".scope", ".socket", ".mount", ".swap"];
-    if let Some(unit) = parts.iter().rev().find(|p| UNIT_SUFFIXES.iter().any(|s| p.ends_with(s))) {
-        return Workload::SystemdUnit { unit: (*unit).to_owned() };
+    if let Some(unit) = parts
+        .iter()
+        .rev()
+        .find(|p| UNIT_SUFFIXES.iter().any(|s| p.ends_with(s)))
+    {
+        return Workload::SystemdUnit {
+            unit: (*unit).to_owned(),
+        };
     }
     Workload::Cgroup
 }
@@ -166,14 +192,27 @@ mod tests {
     const CTR: &str = "4f2d9a8b7c6e5d4c3b2a19081716151413121110";
 
     fn pod(qos: &str, container: Option<&str>) -> Workload {
-        Workload::Pod { uid: UID.into(), qos: qos.into(), container: container.map(Into::into) }
+        Workload::Pod {
+            uid: UID.into(),
+            qos: qos.into(),
+            container: container.map(Into::into),
+        }
     }
 
     #[test]
     fn classifies_cgroupfs_driver_paths() {
-        assert_eq!(classify(&format!("/kubepods/burstable/pod{UID}/{CTR}")), pod("burstable", Some(CTR)));
-        assert_eq!(classify(&format!("/kubepods/besteffort/pod{UID}")), pod("besteffort", None));
-        assert_eq!(classify(&format!("/kubepods/pod{UID}/{CTR}")), pod("guaranteed", Some(CTR)));
+        assert_eq!(
+            classify(&format!("/kubepods/burstable/pod{UID}/{CTR}")),
+            pod("burstable", Some(CTR))
+        );
+        assert_eq!(
+            classify(&format!("/kubepods/besteffort/pod{UID}")),
+            pod("besteffort", None)
+        );
+        assert_eq!(
+            classify(&format!("/kubepods/pod{UID}/{CTR}")),
+            pod("guaranteed", Some(CTR))
+        );
     }
 
     #[test]
@@ -189,14 +228,24 @@ mod tests {
 
     #[test]
     fn classifies_systemd_units_and_others() {
-        assert_eq!(classify("/system.slice/sluice.service"), Workload::SystemdUnit { unit: "sluice.service".into() });
+        assert_eq!(
+            classify("/system.slice/sluice.service"),
+            Workload::SystemdUnit {
+                unit: "sluice.service".into()
+            }
+        );
         assert_eq!(
             classify("/system.slice/trainer.service/worker"),
-            Workload::SystemdUnit { unit: "trainer.service".into() }
+            Workload::SystemdUnit {
+                unit: "trainer.service".into()
+            }
         );
-        assert_eq!(classify("/user.slice/user-0.slice/session-4.scope"), Workload::SystemdUnit {
-            unit: "session-4.scope".into()
-        });
+        assert_eq!(
+            classify("/user.slice/user-0.slice/session-4.scope"),
+            Workload::SystemdUnit {
+                unit: "session-4.scope".into()
+            }
+        );
         assert_eq!(classify("/"), Workload::Cgroup);
         assert_eq!(classify("/batch/job-7"), Workload::Cgroup);
         // "pod" alone or a non-UID suffix is not a pod.
@@ -210,13 +259,21 @@ mod tests {
     #[test]
     fn resolves_ids_in_a_synthetic_cgroupfs_tree() {
         let root = tempfile::tempdir().unwrap();
-        let ctr = root.path().join(format!("kubepods/burstable/pod{UID}/{CTR}"));
+        let ctr = root
+            .path()
+            .join(format!("kubepods/burstable/pod{UID}/{CTR}"));
         std::fs::create_dir_all(&ctr).unwrap();
         let mut resolver = CgroupResolver::new(root.path());
-        let info = resolver.resolve(ino(&ctr)).unwrap().expect("container cgroup found");
+        let info = resolver
+            .resolve(ino(&ctr))
+            .unwrap()
+            .expect("container cgroup found");
         assert_eq!(info.path, format!("/kubepods/burstable/pod{UID}/{CTR}"));
         assert_eq!(info.workload, pod("burstable", Some(CTR)));
-        assert_eq!(resolver.resolve(ino(root.path())).unwrap().unwrap().path, "/");
+        assert_eq!(
+            resolver.resolve(ino(root.path())).unwrap().unwrap().path,
+            "/"
+        );
         assert_eq!(resolver.resolve(u64::MAX).unwrap(), None);
     }
 
@@ -230,13 +287,18 @@ mod tests {
             "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{uid}.slice/cri-containerd-{CTR}.scope"
         ));
         std::fs::create_dir_all(&ctr).unwrap();
-        let info = resolver.resolve(ino(&ctr)).unwrap().expect("new cgroup found by a rescan");
+        let info = resolver
+            .resolve(ino(&ctr))
+            .unwrap()
+            .expect("new cgroup found by a rescan");
         assert_eq!(info.workload, pod("besteffort", Some(CTR)));
         let unit = root.path().join("system.slice/sluice.service");
         std::fs::create_dir_all(&unit).unwrap();
         assert_eq!(
             resolver.resolve(ino(&unit)).unwrap().unwrap().workload,
-            Workload::SystemdUnit { unit: "sluice.service".into() }
+            Workload::SystemdUnit {
+                unit: "sluice.service".into()
+            }
         );
     }
 
@@ -246,10 +308,16 @@ mod tests {
             eprintln!("skipped: no cgroup2 mount on this machine");
             return;
         };
-        let pod_dir = root.join(format!("sluice-test-kubepods-{}/pod{UID}", std::process::id()));
+        let pod_dir = root.join(format!(
+            "sluice-test-kubepods-{}/pod{UID}",
+            std::process::id()
+        ));
         let ctr = pod_dir.join(CTR);
         if let Err(e) = std::fs::create_dir_all(&ctr) {
-            eprintln!("skipped: cannot create a cgroup under {} ({e}); needs root", root.display());
+            eprintln!(
+                "skipped: cannot create a cgroup under {} ({e}); needs root",
+                root.display()
+            );
             return;
         }
         let id = ino(&ctr);

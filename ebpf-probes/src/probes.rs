@@ -32,7 +32,11 @@ pub const TRACEPOINTS: &[(&str, &str, &str)] = &[
     ("fuse_request_end", "fuse", "fuse_request_end"),
     ("io_uring_submit_req", "io_uring", "io_uring_submit_req"),
     ("io_uring_complete", "io_uring", "io_uring_complete"),
-    ("filemap_add_to_page_cache", "filemap", "mm_filemap_add_to_page_cache"),
+    (
+        "filemap_add_to_page_cache",
+        "filemap",
+        "mm_filemap_add_to_page_cache",
+    ),
 ];
 
 const BTF_PATH: &str = "/sys/kernel/btf/vmlinux";
@@ -42,7 +46,9 @@ const TRACEFS_CANDIDATES: [&str; 2] = ["/sys/kernel/tracing", "/sys/kernel/debug
 #[derive(Debug, thiserror::Error)]
 pub enum ProbeError {
     /// The process lacks the capabilities to load BPF programs.
-    #[error("CAP_BPF/CAP_SYS_ADMIN missing: loading eBPF probes needs CAP_BPF and CAP_PERFMON, or CAP_SYS_ADMIN")]
+    #[error(
+        "CAP_BPF/CAP_SYS_ADMIN missing: loading eBPF probes needs CAP_BPF and CAP_PERFMON, or CAP_SYS_ADMIN"
+    )]
     MissingCapabilities,
     /// The kernel exposes no BTF, needed for CO-RE relocations.
     #[error("BTF not available: {path} is missing (kernel built without CONFIG_DEBUG_INFO_BTF)")]
@@ -51,10 +57,14 @@ pub enum ProbeError {
         path: PathBuf,
     },
     /// tracefs is not mounted.
-    #[error("tracefs not mounted at /sys/kernel/tracing or /sys/kernel/debug/tracing (mount -t tracefs nodev /sys/kernel/tracing)")]
+    #[error(
+        "tracefs not mounted at /sys/kernel/tracing or /sys/kernel/debug/tracing (mount -t tracefs nodev /sys/kernel/tracing)"
+    )]
     TracefsMissing,
     /// A tracepoint the probes need does not exist on this kernel.
-    #[error("tracepoint {category}/{name} not found under {tracefs}/events (kernel too old, or its module not loaded)")]
+    #[error(
+        "tracepoint {category}/{name} not found under {tracefs}/events (kernel too old, or its module not loaded)"
+    )]
     TracepointMissing {
         /// Tracepoint category, e.g. `fuse`.
         category: String,
@@ -124,7 +134,11 @@ pub struct ProbeConfig {
 
 impl Default for ProbeConfig {
     fn default() -> Self {
-        Self { watch: Vec::new(), sample_every: 16, ring_buffer_bytes: 1 << 20 }
+        Self {
+            watch: Vec::new(),
+            sample_every: 16,
+            ring_buffer_bytes: 1 << 20,
+        }
     }
 }
 
@@ -159,7 +173,9 @@ pub struct Probes {
 
 impl std::fmt::Debug for Probes {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Probes").field("config", &self.config).finish_non_exhaustive()
+        f.debug_struct("Probes")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
     }
 }
 
@@ -168,7 +184,9 @@ impl Probes {
     pub fn load(config: ProbeConfig) -> Result<Self, ProbeError> {
         check_capabilities()?;
         if !Path::new(BTF_PATH).exists() {
-            return Err(ProbeError::BtfUnavailable { path: BTF_PATH.into() });
+            return Err(ProbeError::BtfUnavailable {
+                path: BTF_PATH.into(),
+            });
         }
         let tracefs = find_tracefs().ok_or(ProbeError::TracefsMissing)?;
         check_tracepoints(&tracefs)?;
@@ -180,33 +198,55 @@ impl Probes {
             )));
         }
 
-        let mut ebpf = EbpfLoader::new().map_max_entries("accesses", ring).load(OBJECT).map_err(ProbeError::Load)?;
+        let mut ebpf = EbpfLoader::new()
+            .map_max_entries("accesses", ring)
+            .load(OBJECT)
+            .map_err(ProbeError::Load)?;
         for &(program, category, name) in TRACEPOINTS {
             let prog: &mut TracePoint = ebpf
                 .program_mut(program)
                 .ok_or(ProbeError::MissingFromObject(program))?
                 .try_into()
                 .map_err(|source| ProbeError::Program { program, source })?;
-            prog.load().map_err(|source| ProbeError::Program { program, source })?;
-            prog.attach(category, name).map_err(|source| ProbeError::Program { program, source })?;
+            prog.load()
+                .map_err(|source| ProbeError::Program { program, source })?;
+            prog.attach(category, name)
+                .map_err(|source| ProbeError::Program { program, source })?;
         }
 
         {
-            let mut map: HashMap<&mut MapData, u32, abi::WatchedDev> = map_mut(&mut ebpf, "watched_devs")?;
+            let mut map: HashMap<&mut MapData, u32, abi::WatchedDev> =
+                map_mut(&mut ebpf, "watched_devs")?;
             for (dev, mount_id) in devs {
                 map.insert(dev, abi::WatchedDev { mount_id, _pad: 0 }, 0)
-                    .map_err(|source| ProbeError::Map { map: "watched_devs", source })?;
+                    .map_err(|source| ProbeError::Map {
+                        map: "watched_devs",
+                        source,
+                    })?;
             }
         }
         {
             let mut map: Array<&mut MapData, abi::Prefix> = map_mut(&mut ebpf, "watched_prefixes")?;
             for (i, prefix) in prefixes.into_iter().enumerate() {
-                map.set(i as u32, prefix, 0).map_err(|source| ProbeError::Map { map: "watched_prefixes", source })?;
+                map.set(i as u32, prefix, 0)
+                    .map_err(|source| ProbeError::Map {
+                        map: "watched_prefixes",
+                        source,
+                    })?;
             }
         }
-        let accesses = ebpf.take_map("accesses").ok_or(ProbeError::MissingFromObject("accesses"))?;
-        let accesses = RingBuf::try_from(accesses).map_err(|source| ProbeError::Map { map: "accesses", source })?;
-        let mut probes = Self { ebpf, accesses, config };
+        let accesses = ebpf
+            .take_map("accesses")
+            .ok_or(ProbeError::MissingFromObject("accesses"))?;
+        let accesses = RingBuf::try_from(accesses).map_err(|source| ProbeError::Map {
+            map: "accesses",
+            source,
+        })?;
+        let mut probes = Self {
+            ebpf,
+            accesses,
+            config,
+        };
         probes.set_sample_every(probes.config.sample_every)?;
         Ok(probes)
     }
@@ -214,8 +254,18 @@ impl Probes {
     /// Change the sampling rate of the access stream at run time (0 stops it).
     pub fn set_sample_every(&mut self, n: u32) -> Result<(), ProbeError> {
         let mut map: Array<&mut MapData, abi::Config> = map_mut(&mut self.ebpf, "config")?;
-        map.set(0, abi::Config { sample_every: n, _pad: 0 }, 0)
-            .map_err(|source| ProbeError::Map { map: "config", source })?;
+        map.set(
+            0,
+            abi::Config {
+                sample_every: n,
+                _pad: 0,
+            },
+            0,
+        )
+        .map_err(|source| ProbeError::Map {
+            map: "config",
+            source,
+        })?;
         self.config.sample_every = n;
         Ok(())
     }
@@ -227,18 +277,26 @@ impl Probes {
 
     /// Cumulative dataset-read counters per (cgroup, watched mount), summed over CPUs.
     pub fn snapshot(&self) -> Result<Vec<CgroupReadStats>, ProbeError> {
-        let reads: PerCpuHashMap<&MapData, abi::ReadKey, abi::ReadStats> = map_ref(&self.ebpf, "read_stats")?;
+        let reads: PerCpuHashMap<&MapData, abi::ReadKey, abi::ReadStats> =
+            map_ref(&self.ebpf, "read_stats")?;
         let reads = reads
             .iter()
             .map(|r| r.map(|(k, v)| (k, v.to_vec())))
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|source| ProbeError::Map { map: "read_stats", source })?;
-        let fuse: PerCpuHashMap<&MapData, abi::FuseKey, abi::FuseStats> = map_ref(&self.ebpf, "fuse_stats")?;
+            .map_err(|source| ProbeError::Map {
+                map: "read_stats",
+                source,
+            })?;
+        let fuse: PerCpuHashMap<&MapData, abi::FuseKey, abi::FuseStats> =
+            map_ref(&self.ebpf, "fuse_stats")?;
         let fuse = fuse
             .iter()
             .map(|r| r.map(|(k, v)| (k, v.to_vec())))
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|source| ProbeError::Map { map: "fuse_stats", source })?;
+            .map_err(|source| ProbeError::Map {
+                map: "fuse_stats",
+                source,
+            })?;
         Ok(stats::merge(reads, fuse))
     }
 
@@ -246,13 +304,21 @@ impl Probes {
     pub fn forget_cgroup(&mut self, cgroup_id: u64) -> Result<(), ProbeError> {
         let mut reads: PerCpuHashMap<&mut MapData, abi::ReadKey, abi::ReadStats> =
             map_mut(&mut self.ebpf, "read_stats")?;
-        let keys: Vec<_> = reads.keys().filter_map(Result::ok).filter(|k| k.cgroup_id == cgroup_id).collect();
+        let keys: Vec<_> = reads
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| k.cgroup_id == cgroup_id)
+            .collect();
         for k in keys {
             let _ = reads.remove(&k); // already gone is fine
         }
         let mut fuse: PerCpuHashMap<&mut MapData, abi::FuseKey, abi::FuseStats> =
             map_mut(&mut self.ebpf, "fuse_stats")?;
-        let keys: Vec<_> = fuse.keys().filter_map(Result::ok).filter(|k| k.cgroup_id == cgroup_id).collect();
+        let keys: Vec<_> = fuse
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| k.cgroup_id == cgroup_id)
+            .collect();
         for k in keys {
             let _ = fuse.remove(&k);
         }
@@ -287,13 +353,20 @@ impl Probes {
 
     fn lost_counter(&self, index: u32) -> Result<u64, ProbeError> {
         let lost: PerCpuArray<&MapData, u64> = map_ref(&self.ebpf, "lost")?;
-        let values = lost.get(&index, 0).map_err(|source| ProbeError::Map { map: "lost", source })?;
+        let values = lost.get(&index, 0).map_err(|source| ProbeError::Map {
+            map: "lost",
+            source,
+        })?;
         Ok(values.iter().sum())
     }
 
     /// Kernel ids of the loaded programs (to check from outside that they are gone after drop).
     pub fn program_ids(&self) -> Vec<u32> {
-        self.ebpf.programs().filter_map(|(_, p)| p.info().ok()).map(|i| i.id()).collect()
+        self.ebpf
+            .programs()
+            .filter_map(|(_, p)| p.info().ok())
+            .map(|i| i.id())
+            .collect()
     }
 }
 
@@ -309,7 +382,9 @@ fn map_mut<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<T, ProbeErro
 where
     T: TryFrom<&'a mut aya::maps::Map, Error = aya::maps::MapError>,
 {
-    let map = ebpf.map_mut(name).ok_or(ProbeError::MissingFromObject(name))?;
+    let map = ebpf
+        .map_mut(name)
+        .ok_or(ProbeError::MissingFromObject(name))?;
     T::try_from(map).map_err(|source| ProbeError::Map { map: name, source })
 }
 
@@ -333,7 +408,10 @@ fn check_capabilities() -> Result<(), ProbeError> {
 }
 
 fn find_tracefs() -> Option<PathBuf> {
-    TRACEFS_CANDIDATES.iter().map(PathBuf::from).find(|p| p.join("events").is_dir())
+    TRACEFS_CANDIDATES
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.join("events").is_dir())
 }
 
 /// Every tracepoint in [`TRACEPOINTS`] exists under `tracefs/events`.
@@ -381,29 +459,49 @@ fn resolve_watches(watch: &[WatchedPath]) -> Result<Watches, ProbeError> {
                         reason: format!("same filesystem as watched path #{other}"),
                     });
                 }
-                let parent_dev = path.canonicalize().ok().and_then(|p| p.parent().map(Path::to_owned));
-                if parent_dev.and_then(|p| std::fs::metadata(p).ok()).is_some_and(|m| m.dev() == meta.dev()) {
+                let parent_dev = path
+                    .canonicalize()
+                    .ok()
+                    .and_then(|p| p.parent().map(Path::to_owned));
+                if parent_dev
+                    .and_then(|p| std::fs::metadata(p).ok())
+                    .is_some_and(|m| m.dev() == meta.dev())
+                {
                     tracing::warn!(path = %path.display(), "not a mount point: every file of its filesystem is watched");
                 }
                 devs.push((dev, mount_id));
             }
             WatchedPath::Prefix(path) => {
-                let invalid = |reason: &str| ProbeError::InvalidWatch { path: path.clone(), reason: reason.into() };
+                let invalid = |reason: &str| ProbeError::InvalidWatch {
+                    path: path.clone(),
+                    reason: reason.into(),
+                };
                 let full = path.canonicalize().unwrap_or_else(|_| path.clone());
-                let text = full.to_str().ok_or_else(|| invalid("not UTF-8"))?.trim_end_matches('/');
+                let text = full
+                    .to_str()
+                    .ok_or_else(|| invalid("not UTF-8"))?
+                    .trim_end_matches('/');
                 if !text.starts_with('/') {
                     return Err(invalid("must be absolute"));
                 }
                 if text.is_empty() {
-                    return Err(invalid("'/' would watch every file; watch a filesystem instead"));
+                    return Err(invalid(
+                        "'/' would watch every file; watch a filesystem instead",
+                    ));
                 }
                 if text.len() > PREFIX_LEN {
                     return Err(invalid(&format!("longer than {PREFIX_LEN} bytes")));
                 }
                 if prefixes.len() == MAX_PREFIXES {
-                    return Err(invalid(&format!("at most {MAX_PREFIXES} prefixes can be watched")));
+                    return Err(invalid(&format!(
+                        "at most {MAX_PREFIXES} prefixes can be watched"
+                    )));
                 }
-                let mut slot = abi::Prefix { len: text.len() as u32, mount_id, path: [0; PREFIX_LEN] };
+                let mut slot = abi::Prefix {
+                    len: text.len() as u32,
+                    mount_id,
+                    path: [0; PREFIX_LEN],
+                };
                 slot.path[..text.len()].copy_from_slice(text.as_bytes());
                 prefixes.push(slot);
             }
@@ -425,7 +523,10 @@ mod tests {
             }
         }
         let err = check_tracepoints(root.path()).unwrap_err().to_string();
-        assert!(err.contains("tracepoint fuse/fuse_request_send not found"), "{err}");
+        assert!(
+            err.contains("tracepoint fuse/fuse_request_send not found"),
+            "{err}"
+        );
         std::fs::create_dir_all(root.path().join("events/fuse/fuse_request_send")).unwrap();
         std::fs::create_dir_all(root.path().join("events/fuse/fuse_request_end")).unwrap();
         check_tracepoints(root.path()).unwrap();
@@ -444,12 +545,16 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (_, p) = resolve_watches(&[WatchedPath::Prefix(dir.path().join("data/"))]).unwrap();
         let want = dir.path().join("data");
-        assert_eq!(&p[0].path[..p[0].len as usize], want.to_str().unwrap().as_bytes());
+        assert_eq!(
+            &p[0].path[..p[0].len as usize],
+            want.to_str().unwrap().as_bytes()
+        );
         assert!(resolve_watches(&[WatchedPath::Prefix("relative".into())]).is_err());
         assert!(resolve_watches(&[WatchedPath::Prefix("/".into())]).is_err());
         let long = format!("/{}", "x".repeat(PREFIX_LEN));
         assert!(resolve_watches(&[WatchedPath::Prefix(long.into())]).is_err());
-        let err = resolve_watches(&[WatchedPath::Filesystem("/nonexistent/sluice".into())]).unwrap_err();
+        let err =
+            resolve_watches(&[WatchedPath::Filesystem("/nonexistent/sluice".into())]).unwrap_err();
         assert!(err.to_string().contains("/nonexistent/sluice"), "{err}");
     }
 }

@@ -10,15 +10,21 @@ fn bpf_dir() -> &'static Path {
 
 fn sha256_hex(path: &Path) -> String {
     let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 #[test]
 fn objects_are_built_from_the_current_sources() {
     let stamp = std::fs::read_to_string(bpf_dir().join("objects.stamp"))
         .expect("bpf/objects.stamp missing: run cargo xtask build-ebpf");
-    let stamped: Vec<(&str, &str)> =
-        stamp.lines().filter_map(|l| l.split_once("  ")).map(|(h, n)| (n.trim(), h.trim())).collect();
+    let stamped: Vec<(&str, &str)> = stamp
+        .lines()
+        .filter_map(|l| l.split_once("  "))
+        .map(|(h, n)| (n.trim(), h.trim()))
+        .collect();
 
     // Every source file must be in the stamp, so a new header cannot slip past it.
     let mut sources: Vec<String> = std::fs::read_dir(bpf_dir())
@@ -40,5 +46,8 @@ fn objects_are_built_from_the_current_sources() {
             "bpf/{name} changed since the objects were built: run cargo xtask build-ebpf and commit the objects"
         );
     }
-    assert!(stamped.iter().any(|(n, _)| n.ends_with(".bpf.o")), "no object in bpf/objects.stamp");
+    assert!(
+        stamped.iter().any(|(n, _)| n.ends_with(".bpf.o")),
+        "no object in bpf/objects.stamp"
+    );
 }

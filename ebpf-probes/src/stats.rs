@@ -14,7 +14,9 @@ pub struct LatencyHistogram {
 
 impl LatencyHistogram {
     fn from_raw(raw: &[u64; HIST_SLOTS]) -> Self {
-        Self { buckets: raw.to_vec() }
+        Self {
+            buckets: raw.to_vec(),
+        }
     }
 
     fn add(&mut self, raw: &[u64; HIST_SLOTS]) {
@@ -107,7 +109,9 @@ pub(crate) fn merge(
 ) -> Vec<CgroupReadStats> {
     let mut out: BTreeMap<(u64, u32), CgroupReadStats> = BTreeMap::new();
     for (key, per_cpu) in reads {
-        let s = out.entry((key.cgroup_id, key.mount_id)).or_insert_with(|| empty(key.cgroup_id, key.mount_id));
+        let s = out
+            .entry((key.cgroup_id, key.mount_id))
+            .or_insert_with(|| empty(key.cgroup_id, key.mount_id));
         for v in per_cpu {
             s.opens += v.opens;
             s.calls += v.calls;
@@ -123,8 +127,14 @@ pub(crate) fn merge(
         }
     }
     for (key, per_cpu) in fuse {
-        let s = out.entry((key.cgroup_id, key.mount_id)).or_insert_with(|| empty(key.cgroup_id, key.mount_id));
-        let mut op = FuseOpStats { opcode: key.opcode, latency: LatencyHistogram::from_raw(&[0; HIST_SLOTS]), ..Default::default() };
+        let s = out
+            .entry((key.cgroup_id, key.mount_id))
+            .or_insert_with(|| empty(key.cgroup_id, key.mount_id));
+        let mut op = FuseOpStats {
+            opcode: key.opcode,
+            latency: LatencyHistogram::from_raw(&[0; HIST_SLOTS]),
+            ..Default::default()
+        };
         for v in per_cpu {
             op.requests += v.requests;
             op.errors += v.errors;
@@ -144,7 +154,9 @@ fn empty(cgroup_id: u64, mount_id: u32) -> CgroupReadStats {
     CgroupReadStats {
         cgroup_id,
         mount_id,
-        latency: LatencyHistogram { buckets: vec![0; HIST_SLOTS] },
+        latency: LatencyHistogram {
+            buckets: vec![0; HIST_SLOTS],
+        },
         ..Default::default()
     }
 }

@@ -26,8 +26,12 @@ fn privileged() -> Option<MutexGuard<'static, ()>> {
         eprintln!("skipped: no cgroup2 hierarchy mounted");
         return None;
     }
-    if !Path::new("/sys/kernel/tracing/events").is_dir() && !Path::new("/sys/kernel/debug/tracing/events").is_dir() {
-        let _ = Command::new("mount").args(["-t", "tracefs", "nodev", "/sys/kernel/tracing"]).status();
+    if !Path::new("/sys/kernel/tracing/events").is_dir()
+        && !Path::new("/sys/kernel/debug/tracing/events").is_dir()
+    {
+        let _ = Command::new("mount")
+            .args(["-t", "tracefs", "nodev", "/sys/kernel/tracing"])
+            .status();
     }
     let _ = Command::new("modprobe").arg("fuse").status(); // fuse tracepoints live in the module
     Some(SERIAL.lock().unwrap_or_else(|e| e.into_inner()))
@@ -46,7 +50,9 @@ struct Tmpfs {
 impl Tmpfs {
     fn mount() -> Self {
         let dir = tempfile::tempdir().unwrap();
-        run(Command::new("mount").args(["-t", "tmpfs", "-o", "size=64m", "sluice-test"]).arg(dir.path()));
+        run(Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=64m", "sluice-test"])
+            .arg(dir.path()));
         Self { dir }
     }
     fn path(&self) -> &Path {
@@ -56,7 +62,10 @@ impl Tmpfs {
 
 impl Drop for Tmpfs {
     fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(self.dir.path()).status();
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.path())
+            .status();
     }
 }
 
@@ -69,12 +78,19 @@ struct TestCgroup {
 impl TestCgroup {
     fn new(tag: &str) -> Self {
         let root = cgroup2_root().unwrap();
-        let uid = format!("5a1ce000-0000-4000-8000-{:012x}", std::process::id() as u64 * 16 + tag.len() as u64);
+        let uid = format!(
+            "5a1ce000-0000-4000-8000-{:012x}",
+            std::process::id() as u64 * 16 + tag.len() as u64
+        );
         let top = root.join(format!("sluice-test-kubepods-{}-{tag}", std::process::id()));
         let pod = top.join(format!("pod{uid}"));
         let ctr = pod.join("ctr0");
-        std::fs::create_dir_all(&ctr).unwrap_or_else(|e| panic!("creating cgroup {}: {e}", ctr.display()));
-        Self { dirs: vec![ctr, pod, top], uid }
+        std::fs::create_dir_all(&ctr)
+            .unwrap_or_else(|e| panic!("creating cgroup {}: {e}", ctr.display()));
+        Self {
+            dirs: vec![ctr, pod, top],
+            uid,
+        }
     }
 
     fn id(&self) -> u64 {
@@ -84,7 +100,9 @@ impl TestCgroup {
     /// Run a shell script inside this cgroup and wait for it.
     fn sh(&self, script: &str) {
         let procs = self.dirs[0].join("cgroup.procs");
-        run(Command::new("sh").arg("-c").arg(format!("echo $$ > {} && {script}", procs.display())));
+        run(Command::new("sh")
+            .arg("-c")
+            .arg(format!("echo $$ > {} && {script}", procs.display())));
     }
 }
 
@@ -108,7 +126,10 @@ fn write_file(path: &Path, len: usize) {
 }
 
 fn stats_of(snapshot: &[CgroupReadStats], cgroup_id: u64) -> Vec<&CgroupReadStats> {
-    snapshot.iter().filter(|s| s.cgroup_id == cgroup_id).collect()
+    snapshot
+        .iter()
+        .filter(|s| s.cgroup_id == cgroup_id)
+        .collect()
 }
 
 fn bpffs_entries() -> Vec<String> {
@@ -127,7 +148,10 @@ fn bpffs_entries() -> Vec<String> {
 }
 
 fn loaded_program_ids() -> Vec<u32> {
-    aya::programs::loaded_programs().filter_map(Result::ok).map(|p| p.id()).collect()
+    aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .map(|p| p.id())
+        .collect()
 }
 
 #[test]
@@ -136,9 +160,16 @@ fn probes_load_attach_and_detach_leaving_nothing_behind() {
     let pinned_before = bpffs_entries();
     let probes = Probes::load(ProbeConfig::default()).expect("probes load on this kernel");
     let ids = probes.program_ids();
-    assert_eq!(ids.len(), sluice_ebpf_probes::TRACEPOINTS.len(), "one program per tracepoint");
+    assert_eq!(
+        ids.len(),
+        sluice_ebpf_probes::TRACEPOINTS.len(),
+        "one program per tracepoint"
+    );
     let loaded = loaded_program_ids();
-    assert!(ids.iter().all(|id| loaded.contains(id)), "programs visible in the kernel while loaded");
+    assert!(
+        ids.iter().all(|id| loaded.contains(id)),
+        "programs visible in the kernel while loaded"
+    );
     assert_eq!(probes.lost_events().unwrap(), 0);
     drop(probes);
 
@@ -150,10 +181,17 @@ fn probes_load_attach_and_detach_leaving_nothing_behind() {
         if left.is_empty() {
             break;
         }
-        assert!(Instant::now() < deadline, "programs still loaded after drop: {left:?}");
+        assert!(
+            Instant::now() < deadline,
+            "programs still loaded after drop: {left:?}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert_eq!(bpffs_entries(), pinned_before, "nothing pinned in /sys/fs/bpf");
+    assert_eq!(
+        bpffs_entries(),
+        pinned_before,
+        "nothing pinned in /sys/fs/bpf"
+    );
 }
 
 #[test]
@@ -166,13 +204,23 @@ fn watched_reads_are_counted_under_the_readers_cgroup_and_unwatched_ones_are_not
     let elsewhere = tempfile::tempdir().unwrap();
     let unwatched = elsewhere.path().join("other.bin");
     write_file(&unwatched, len);
-    assert_ne!(std::fs::metadata(&watched).unwrap().dev(), std::fs::metadata(&unwatched).unwrap().dev());
+    assert_ne!(
+        std::fs::metadata(&watched).unwrap().dev(),
+        std::fs::metadata(&unwatched).unwrap().dev()
+    );
 
-    let mut probes =
-        Probes::load(ProbeConfig::default().watch_filesystem(mount.path()).sample_every(1)).expect("probes load");
+    let mut probes = Probes::load(
+        ProbeConfig::default()
+            .watch_filesystem(mount.path())
+            .sample_every(1),
+    )
+    .expect("probes load");
     let reader = TestCgroup::new("reader");
     let other = TestCgroup::new("other");
-    reader.sh(&format!("exec dd if={} of=/dev/null bs=65536 status=none", watched.display()));
+    reader.sh(&format!(
+        "exec dd if={} of=/dev/null bs=65536 status=none",
+        watched.display()
+    ));
     other.sh(&format!(
         "dd if={} of=/dev/null bs=65536 status=none; i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done",
         unwatched.display()
@@ -180,31 +228,58 @@ fn watched_reads_are_counted_under_the_readers_cgroup_and_unwatched_ones_are_not
 
     let snapshot = probes.snapshot().unwrap();
     let mine = stats_of(&snapshot, reader.id());
-    assert_eq!(mine.len(), 1, "one (cgroup, mount) entry for the reader: {snapshot:#?}");
+    assert_eq!(
+        mine.len(),
+        1,
+        "one (cgroup, mount) entry for the reader: {snapshot:#?}"
+    );
     let s = mine[0];
     assert_eq!(s.mount_id, 0);
     assert_eq!(s.bytes, len as u64, "bytes read by dd");
-    assert_eq!(s.calls, len.div_ceil(65536) as u64 + 1, "one read per 64 KiB block, plus the EOF read");
+    assert_eq!(
+        s.calls,
+        len.div_ceil(65536) as u64 + 1,
+        "one read per 64 KiB block, plus the EOF read"
+    );
     assert_eq!(s.opens, 1);
     assert_eq!(s.errors, 0);
     assert_eq!(s.latency.count(), s.calls);
-    assert!(stats_of(&snapshot, other.id()).is_empty(), "no dataset reads for the other cgroup: {snapshot:#?}");
+    assert!(
+        stats_of(&snapshot, other.id()).is_empty(),
+        "no dataset reads for the other cgroup: {snapshot:#?}"
+    );
 
     // The sampled stream (every read) describes the same reads.
     let ino = std::fs::metadata(&watched).unwrap().ino();
     let dev = std::fs::metadata(&watched).unwrap().dev();
-    let events: Vec<_> = probes.drain_accesses().into_iter().filter(|e| e.cgroup_id == reader.id()).collect();
+    let events: Vec<_> = probes
+        .drain_accesses()
+        .into_iter()
+        .filter(|e| e.cgroup_id == reader.id())
+        .collect();
     assert_eq!(events.len() as u64, s.calls);
-    assert!(events.iter().all(|e| e.ino == ino && e.dev == dev && e.kind == ReadKind::Read && e.mount_id == 0));
+    assert!(
+        events
+            .iter()
+            .all(|e| e.ino == ino && e.dev == dev && e.kind == ReadKind::Read && e.mount_id == 0)
+    );
     let offsets: Vec<i64> = events.iter().map(|e| e.offset).collect();
-    let want: Vec<i64> = (0..events.len() as i64).map(|i| (i * 65536).min(len as i64)).collect();
+    let want: Vec<i64> = (0..events.len() as i64)
+        .map(|i| (i * 65536).min(len as i64))
+        .collect();
     assert_eq!(offsets, want, "file offsets of successive reads");
     assert_eq!(events.iter().map(|e| e.size).sum::<u64>(), len as u64);
     assert_eq!(probes.lost_events().unwrap(), 0);
 
     // The cgroup id names the pod.
-    let info = CgroupResolver::new(cgroup2_root().unwrap()).resolve(reader.id()).unwrap().unwrap();
-    assert!(matches!(&info.workload, Workload::Pod { uid, .. } if *uid == reader.uid), "{info:?}");
+    let info = CgroupResolver::new(cgroup2_root().unwrap())
+        .resolve(reader.id())
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(&info.workload, Workload::Pod { uid, .. } if *uid == reader.uid),
+        "{info:?}"
+    );
 }
 
 #[test]
@@ -235,7 +310,10 @@ fn a_path_prefix_watch_counts_only_files_under_that_directory() {
 /// The cgroup v2 id of this test process.
 fn own_cgroup_id() -> u64 {
     let text = std::fs::read_to_string("/proc/self/cgroup").unwrap();
-    let rel = text.lines().find_map(|l| l.strip_prefix("0::")).expect("cgroup v2 line in /proc/self/cgroup");
+    let rel = text
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .expect("cgroup v2 line in /proc/self/cgroup");
     let dir = cgroup2_root().unwrap().join(rel.trim_start_matches('/'));
     std::fs::metadata(dir).unwrap().ino()
 }
@@ -246,11 +324,19 @@ fn time_blocked_in_a_fifo_read_matches_what_the_reader_measured() {
     let mount = Tmpfs::mount();
     let fifo = mount.path().join("slow-source");
     run(Command::new("mkfifo").arg(&fifo));
-    let probes = Probes::load(ProbeConfig::default().watch_filesystem(mount.path()).sample_every(0)).expect("probes load");
+    let probes = Probes::load(
+        ProbeConfig::default()
+            .watch_filesystem(mount.path())
+            .sample_every(0),
+    )
+    .expect("probes load");
 
     let writer_path = fifo.clone();
     let writer = std::thread::spawn(move || {
-        let mut w = std::fs::OpenOptions::new().write(true).open(writer_path).unwrap();
+        let mut w = std::fs::OpenOptions::new()
+            .write(true)
+            .open(writer_path)
+            .unwrap();
         std::thread::sleep(Duration::from_millis(400));
         w.write_all(&[7u8; 100]).unwrap();
     });
@@ -274,7 +360,10 @@ fn time_blocked_in_a_fifo_read_matches_what_the_reader_measured() {
         "blocked {} ns in the kernel vs {measured} ns measured by the reader (more than 10% apart)",
         s.blocked_ns
     );
-    eprintln!("blocked {} ns in the kernel, {measured} ns measured by the reader", s.blocked_ns);
+    eprintln!(
+        "blocked {} ns in the kernel, {measured} ns measured by the reader",
+        s.blocked_ns
+    );
     assert!(s.latency_ns >= s.blocked_ns);
 }
 
@@ -284,7 +373,12 @@ fn positioned_reads_are_sampled_with_their_offsets() {
     let mount = Tmpfs::mount();
     let path = mount.path().join("sample.bin");
     write_file(&path, 1 << 16);
-    let mut probes = Probes::load(ProbeConfig::default().watch_filesystem(mount.path()).sample_every(1)).expect("probes load");
+    let mut probes = Probes::load(
+        ProbeConfig::default()
+            .watch_filesystem(mount.path())
+            .sample_every(1),
+    )
+    .expect("probes load");
 
     let file = std::fs::File::open(&path).unwrap();
     let mut buf = [0u8; 4096];
@@ -293,9 +387,20 @@ fn positioned_reads_are_sampled_with_their_offsets() {
     }
     drop(file);
     let me = own_cgroup_id();
-    let events: Vec<_> = probes.drain_accesses().into_iter().filter(|e| e.cgroup_id == me).collect();
+    let events: Vec<_> = probes
+        .drain_accesses()
+        .into_iter()
+        .filter(|e| e.cgroup_id == me)
+        .collect();
     let got: Vec<_> = events.iter().map(|e| (e.kind, e.offset, e.size)).collect();
-    assert_eq!(got, vec![(ReadKind::Pread64, 8192, 4096), (ReadKind::Pread64, 0, 4096), (ReadKind::Pread64, 61440, 4096)]);
+    assert_eq!(
+        got,
+        vec![
+            (ReadKind::Pread64, 8192, 4096),
+            (ReadKind::Pread64, 0, 4096),
+            (ReadKind::Pread64, 61440, 4096)
+        ]
+    );
     assert!(events.iter().all(|e| e.pid == std::process::id()));
 
     // Sampling can be turned off at run time.
@@ -303,7 +408,15 @@ fn positioned_reads_are_sampled_with_their_offsets() {
     let file = std::fs::File::open(&path).unwrap();
     file.read_at(&mut buf, 0).unwrap();
     assert!(probes.drain_accesses().is_empty());
-    assert_eq!(probes.snapshot().unwrap().iter().map(|s| s.calls).sum::<u64>(), 4);
+    assert_eq!(
+        probes
+            .snapshot()
+            .unwrap()
+            .iter()
+            .map(|s| s.calls)
+            .sum::<u64>(),
+        4
+    );
 }
 
 #[test]
@@ -316,7 +429,8 @@ fn io_uring_reads_of_watched_files_are_counted() {
     let mount = Tmpfs::mount();
     let path = mount.path().join("uring.bin");
     write_file(&path, 1 << 16);
-    let probes = Probes::load(ProbeConfig::default().watch_filesystem(mount.path())).expect("probes load");
+    let probes =
+        Probes::load(ProbeConfig::default().watch_filesystem(mount.path())).expect("probes load");
     let cg = TestCgroup::new("uring");
     cg.sh(&format!(
         "exec fio --name=uring --filename={} --ioengine=io_uring --rw=read --bs=4k --size=64k --iodepth=4 \
@@ -326,7 +440,12 @@ fn io_uring_reads_of_watched_files_are_counted() {
     let snapshot = probes.snapshot().unwrap();
     let mine = stats_of(&snapshot, cg.id());
     assert_eq!(mine.len(), 1, "{snapshot:#?}");
-    assert_eq!((mine[0].uring_reads, mine[0].uring_bytes), (16, 1 << 16), "{:#?}", mine[0]);
+    assert_eq!(
+        (mine[0].uring_reads, mine[0].uring_bytes),
+        (16, 1 << 16),
+        "{:#?}",
+        mine[0]
+    );
     assert!(mine[0].uring_latency_ns > 0);
 }
 
@@ -335,15 +454,29 @@ fn io_uring_reads_of_watched_files_are_counted() {
 #[test]
 fn load_without_privileges_names_the_missing_capability() {
     if std::env::var_os("SLUICE_TEST_UNPRIVILEGED").is_some() || privileged_uid() != Some(0) {
-        let err = Probes::load(ProbeConfig::default()).expect_err("load must fail without privileges");
-        assert!(err.to_string().contains("CAP_BPF/CAP_SYS_ADMIN missing"), "{err}");
+        let err =
+            Probes::load(ProbeConfig::default()).expect_err("load must fail without privileges");
+        assert!(
+            err.to_string().contains("CAP_BPF/CAP_SYS_ADMIN missing"),
+            "{err}"
+        );
         return;
     }
     let exe = std::env::current_exe().unwrap();
     let out = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all"])
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+        ])
         .arg(&exe)
-        .args(["--exact", "load_without_privileges_names_the_missing_capability", "--nocapture"])
+        .args([
+            "--exact",
+            "load_without_privileges_names_the_missing_capability",
+            "--nocapture",
+        ])
         .env("SLUICE_TEST_UNPRIVILEGED", "1")
         .output();
     match out {

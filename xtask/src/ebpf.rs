@@ -43,7 +43,10 @@ pub fn build() -> anyhow::Result<()> {
         // committed objects stay small and reproducible.
         let strip = Command::new("llvm-strip").arg("-g").arg(&obj).status();
         if !matches!(strip, Ok(s) if s.success()) {
-            eprintln!("llvm-strip not found or failed: keeping {} with DWARF", obj.display());
+            eprintln!(
+                "llvm-strip not found or failed: keeping {} with DWARF",
+                obj.display()
+            );
         }
         println!("built {}", obj.display());
     }
@@ -83,7 +86,12 @@ fn write_stamp(dir: &Path) -> anyhow::Result<()> {
         .into_iter()
         .chain(files_with_suffix(dir, &[".bpf.o"])?)
     {
-        names.push(path.file_name().and_then(|n| n.to_str()).context("non-UTF-8 name")?.to_owned());
+        names.push(
+            path.file_name()
+                .and_then(|n| n.to_str())
+                .context("non-UTF-8 name")?
+                .to_owned(),
+        );
     }
     let out = Command::new("sha256sum")
         .current_dir(dir)
