@@ -36,7 +36,9 @@ impl std::fmt::Debug for Key {
 /// Which tier answered a lookup, or that the value had to be fetched.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Origin {
+    /// The memory tier.
     Memory,
+    /// A disk tier (checksum verified).
     Disk,
     /// Not cached: the caller's fetch produced it (possibly another caller's, single-flight).
     Fetch,
@@ -45,7 +47,9 @@ pub enum Origin {
 /// A value and where it came from.
 #[derive(Debug, Clone)]
 pub struct Lookup {
+    /// The cached bytes.
     pub value: Bytes,
+    /// Where they came from.
     pub origin: Origin,
 }
 
@@ -63,6 +67,7 @@ pub enum Policy {
 /// A partition's settings (the agent makes one partition per dataset).
 #[derive(Debug, Clone, Default)]
 pub struct PartitionConfig {
+    /// Evict (general) or stop admitting (epoch) at the quota.
     pub policy: Policy,
     /// Bytes this partition may hold across all tiers; `None` = bounded by the tiers only.
     pub quota: Option<u64>,
@@ -74,13 +79,16 @@ pub enum EngineKind {
     /// io_uring where the kernel allows it, else psync (the reason is in [`Cache::engine`]).
     #[default]
     Auto,
+    /// io_uring only; opening fails where the kernel refuses it.
     IoUring,
+    /// pread/pwrite on a thread pool.
     Psync,
 }
 
 /// One disk tier directory (or block device) and its budget.
 #[derive(Debug, Clone)]
 pub struct DiskConfig {
+    /// Directory holding the segment files (created if missing).
     pub path: PathBuf,
     /// Bytes of segments this directory may hold.
     pub capacity: u64,
@@ -91,6 +99,7 @@ pub struct DiskConfig {
 }
 
 impl DiskConfig {
+    /// A directory with `capacity` bytes and the default watermarks (0.95 / 0.85).
     pub fn new(path: impl Into<PathBuf>, capacity: u64) -> Self {
         DiskConfig { path: path.into(), capacity, high_watermark: 0.95, low_watermark: 0.85 }
     }
@@ -101,7 +110,9 @@ impl DiskConfig {
 pub struct CacheConfig {
     /// Bytes of values held in memory.
     pub memory_capacity: u64,
+    /// Disk tier directories (none: a memory-only cache).
     pub disks: Vec<DiskConfig>,
+    /// I/O engine of the disk tiers.
     pub engine: EngineKind,
     /// Size of one append-only segment on disk.
     pub segment_size: u64,
@@ -131,33 +142,41 @@ pub struct CacheBuilder {
 }
 
 impl CacheBuilder {
+    /// A builder with the defaults of [`CacheConfig`].
     pub fn new() -> Self {
         Self::default()
     }
+    /// Sets [`CacheConfig::memory_capacity`].
     pub fn memory_capacity(mut self, bytes: u64) -> Self {
         self.config.memory_capacity = bytes;
         self
     }
+    /// Adds a disk tier directory.
     pub fn disk(mut self, disk: DiskConfig) -> Self {
         self.config.disks.push(disk);
         self
     }
+    /// Sets [`CacheConfig::engine`].
     pub fn engine(mut self, engine: EngineKind) -> Self {
         self.config.engine = engine;
         self
     }
+    /// Sets [`CacheConfig::segment_size`].
     pub fn segment_size(mut self, bytes: u64) -> Self {
         self.config.segment_size = bytes;
         self
     }
+    /// Sets [`CacheConfig::queue_depth`].
     pub fn queue_depth(mut self, depth: u32) -> Self {
         self.config.queue_depth = depth;
         self
     }
+    /// Sets [`CacheConfig::max_value_size`].
     pub fn max_value_size(mut self, bytes: u64) -> Self {
         self.config.max_value_size = bytes;
         self
     }
+    /// The configuration built so far.
     pub fn config(&self) -> &CacheConfig {
         &self.config
     }
@@ -171,7 +190,9 @@ impl CacheBuilder {
 /// The engine actually chosen at open, and why if it is not the one asked for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EngineChoice {
+    /// `IoUring` or `Psync` (never `Auto`).
     pub kind: EngineKind,
+    /// Why `Auto` fell back to psync.
     pub fallback_reason: Option<String>,
 }
 
@@ -179,10 +200,13 @@ pub struct EngineChoice {
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
     #[error("cache directory {path}: {reason}")]
+    /// A disk tier directory is missing, unwritable, full or lacks O_DIRECT.
     Directory { path: PathBuf, reason: String, #[source] source: Option<std::io::Error> },
     #[error("invalid cache configuration: {0}")]
+    /// A setting is out of range; the message says which.
     Config(String),
     #[error("io_uring engine requested but unavailable: {0}")]
+    /// `EngineKind::IoUring` was asked for and the kernel refused it.
     IoUringUnavailable(String),
 }
 
@@ -190,11 +214,13 @@ pub enum OpenError {
 #[derive(Debug, thiserror::Error)]
 pub enum InsertError {
     #[error("value of {size} bytes exceeds the maximum of {max}")]
+    /// The value exceeds `max_value_size`.
     TooLarge { size: u64, max: u64 },
     /// Epoch mode: the partition holds its quota and admits nothing more.
     #[error("partition {partition} is at its quota (epoch mode)")]
     QuotaReached { partition: String },
     #[error("disk tier {path}: {source}")]
+    /// Writing to the disk tier failed (e.g. ENOSPC); the entry is not stored.
     Io { path: PathBuf, #[source] source: std::io::Error },
 }
 
@@ -259,21 +285,27 @@ impl Cache {
     pub fn partition(&self, name: &str, config: PartitionConfig) -> Partition {
         crate::partition(self, name, config)
     }
+    /// The partition named "default" (general policy, no quota).
     pub fn default_partition(&self) -> Partition {
         Partition { cache: self.clone(), id: 0 }
     }
+    /// The I/O engine chosen at open.
     pub fn engine(&self) -> EngineChoice {
         crate::engine_choice(self)
     }
+    /// A snapshot of every counter.
     pub fn stats(&self) -> CacheStats {
         crate::stats(self)
     }
+    /// The value in the default partition, or `None`.
     pub async fn get(&self, key: &Key) -> Option<Bytes> {
         self.default_partition().get(key).await.map(|l| l.value)
     }
+    /// Stores the value in the default partition.
     pub async fn insert(&self, key: Key, value: Bytes) -> Result<(), InsertError> {
         self.default_partition().insert(key, value).await
     }
+    /// [`Partition::get_or_fetch`] on the default partition.
     pub async fn get_or_fetch<F, Fut, E>(&self, key: Key, fetch: F) -> Result<Lookup, Arc<E>>
     where
         F: FnOnce() -> Fut + Send,
@@ -282,9 +314,11 @@ impl Cache {
     {
         self.default_partition().get_or_fetch(key, fetch).await
     }
+    /// Removes the key from every tier (durably); whether it was cached.
     pub async fn remove(&self, key: &Key) -> bool {
         self.default_partition().remove(key).await
     }
+    /// Whether the key is cached (no I/O, no checksum check).
     pub fn contains(&self, key: &Key) -> bool {
         self.default_partition().contains(key)
     }
@@ -313,12 +347,15 @@ impl Partition {
     {
         crate::get_or_fetch(self, key, fetch).await
     }
+    /// Removes the key from every tier (durably); whether it was cached.
     pub async fn remove(&self, key: &Key) -> bool {
         crate::remove(self, key).await
     }
+    /// Whether the key is cached (no I/O, no checksum check).
     pub fn contains(&self, key: &Key) -> bool {
         crate::contains(self, key)
     }
+    /// This partition's counters.
     pub fn stats(&self) -> PartitionStats {
         crate::partition_stats(self)
     }

@@ -63,3 +63,18 @@ async fn large_blocks_and_removals_persist() {
         }
     }
 }
+
+#[test]
+fn auto_engine_says_why_it_fell_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = open(small(dir.path(), sluice_cache_engine::EngineKind::Auto, 0));
+    let choice = cache.engine();
+    match choice.kind {
+        sluice_cache_engine::EngineKind::IoUring => assert!(choice.fallback_reason.is_none()),
+        sluice_cache_engine::EngineKind::Psync => {
+            let why = choice.fallback_reason.expect("a psync fallback carries its reason");
+            eprintln!("Auto fell back to psync: {why}");
+        }
+        other => panic!("Auto resolved to {other:?}"),
+    }
+}
