@@ -143,6 +143,20 @@ impl CacheFs {
         quiet(Command::new("mount").args(["-o", "loop"]).arg(image).arg(dir))?;
         Ok(CacheFs { dir: dir.to_path_buf() })
     }
+
+    /// Bytes free on the filesystem now.
+    pub fn free(&self) -> anyhow::Result<u64> {
+        let path = std::ffi::CString::new(self.dir.as_os_str().as_encoded_bytes())?;
+        // SAFETY: statvfs writes into the zeroed struct we own; path is NUL-terminated.
+        let st = unsafe {
+            let mut st: libc::statvfs = std::mem::zeroed();
+            if libc::statvfs(path.as_ptr(), &mut st) != 0 {
+                return Err(std::io::Error::last_os_error()).with_context(|| format!("statvfs {}", self.dir.display()));
+            }
+            st
+        };
+        Ok(st.f_bavail as u64 * st.f_frsize as u64)
+    }
 }
 
 impl Drop for CacheFs {

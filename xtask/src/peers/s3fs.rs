@@ -19,7 +19,16 @@ pub fn mount(store: &Store, dir: &Path, budget: Budget, capped: bool) -> anyhow:
     super::clear(dir)?;
     let (mnt, cache) = (dir.join("mnt"), dir.join("cache"));
     std::fs::create_dir_all(&cache)?;
-    let cache_fs = if capped { Some(CacheFs::create(&dir.join("cache.img"), &cache, budget.disk)?) } else { None };
+    // s3fs's only bound is `ensure_diskfree` (MiB kept free on the cache's filesystem), and it
+    // refuses to start unless that is a few multipart sizes; so the image is the budget plus
+    // ext4's overhead plus a 64 MiB floor, and the floor is whatever is free beyond the budget.
+    let (cache_fs, diskfree_mib) = if capped {
+        let fs = CacheFs::create(&dir.join("cache.img"), &cache, budget.disk + budget.disk / 10 + (80 << 20))?;
+        let keep = fs.free()?.saturating_sub(budget.disk) >> 20;
+        (Some(fs), keep)
+    } else {
+        (None, 1)
+    };
     let passwd = dir.join("passwd");
     std::fs::write(&passwd, format!("{}:{}\n", crate::seaweed::ACCESS_KEY, crate::seaweed::SECRET_KEY))?;
     std::fs::set_permissions(&passwd, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
@@ -27,7 +36,9 @@ pub fn mount(store: &Store, dir: &Path, budget: Budget, capped: bool) -> anyhow:
     cmd.arg(format!("{}:/{}", store.bucket, store.prefix))
         .arg(&mnt)
         .arg("-f")
-        .args(["-o", "ro", "-o", "use_path_request_style", "-o", "dbglevel=warn", "-o", "ensure_diskfree=1"])
+        .args(["-o", "ro", "-o", "use_path_request_style", "-o", "dbglevel=warn"])
+        .arg("-o")
+        .arg(format!("ensure_diskfree={diskfree_mib}"))
         .arg("-o")
         .arg(format!("url={}", store.endpoint))
         .arg("-o")
@@ -35,8 +46,12 @@ pub fn mount(store: &Store, dir: &Path, budget: Budget, capped: bool) -> anyhow:
         .arg("-o")
         .arg(format!("use_cache={}", cache.display()));
     let settings = format!(
-        "s3fs -o use_cache,ensure_diskfree=1,ro,use_path_request_style{} (no memory knob; parallel_count/multireq_max defaults)",
-        if capped { format!("; cache on a {} MiB ext4 image (s3fs has no cache size limit)", budget.disk >> 20) } else { String::new() }
+        "s3fs -o use_cache,ensure_diskfree={diskfree_mib},ro,use_path_request_style{} (no memory knob; parallel_count/multireq_max defaults)",
+        if capped {
+            format!("; cache on its own ext4 image with {} MiB usable above ensure_diskfree (s3fs has no cache size limit)", budget.disk >> 20)
+        } else {
+            String::new()
+        }
     );
     let mut m = Mounted::spawn(cmd, &mnt, mnt.clone(), &dir.join("s3fs.log"), settings)?;
     m.cache_fs = cache_fs;
