@@ -14,7 +14,7 @@ use crate::stats::{self, CgroupReadStats, FileAccess};
 /// The compiled programs (`cargo xtask build-ebpf` writes it; see `bpf/objects.stamp`).
 static OBJECT: &[u8] = aya::include_bytes_aligned!("../bpf/sluice.bpf.o");
 
-/// Every program in the object and the tracepoint it attaches to. All are required.
+/// Every program in the object: (program, tracepoint category, tracepoint name).
 pub const TRACEPOINTS: &[(&str, &str, &str)] = &[
     ("sys_enter_openat", "syscalls", "sys_enter_openat"),
     ("sys_exit_openat", "syscalls", "sys_exit_openat"),
@@ -38,6 +38,10 @@ pub const TRACEPOINTS: &[(&str, &str, &str)] = &[
         "mm_filemap_add_to_page_cache",
     ),
 ];
+
+/// Categories the probes can run without (older kernels: the fuse tracepoints only exist
+/// from Linux 6.10 on). Syscall and sched tracepoints, which measure stalls, are required.
+pub const OPTIONAL_CATEGORIES: &[&str] = &["fuse", "io_uring", "filemap"];
 
 const BTF_PATH: &str = "/sys/kernel/btf/vmlinux";
 const TRACEFS_CANDIDATES: [&str; 2] = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"];
@@ -130,6 +134,9 @@ pub struct ProbeConfig {
     pub sample_every: u32,
     /// Ring buffer size in bytes: a power of two, at least one page.
     pub ring_buffer_bytes: u32,
+    /// Fail when an optional tracepoint ([`OPTIONAL_CATEGORIES`]) is missing, instead of
+    /// running without that category (see [`Probes::unavailable`]).
+    pub require_all_tracepoints: bool,
 }
 
 impl Default for ProbeConfig {
@@ -138,6 +145,7 @@ impl Default for ProbeConfig {
             watch: Vec::new(),
             sample_every: 16,
             ring_buffer_bytes: 1 << 20,
+            require_all_tracepoints: false,
         }
     }
 }
@@ -169,6 +177,7 @@ pub struct Probes {
     ebpf: Ebpf,
     accesses: RingBuf<MapData>,
     config: ProbeConfig,
+    unavailable: Vec<String>,
 }
 
 impl std::fmt::Debug for Probes {
@@ -189,7 +198,10 @@ impl Probes {
             });
         }
         let tracefs = find_tracefs().ok_or(ProbeError::TracefsMissing)?;
-        check_tracepoints(&tracefs)?;
+        let unavailable = check_tracepoints(&tracefs, config.require_all_tracepoints)?;
+        for tp in &unavailable {
+            tracing::warn!(tracepoint = %tp, "tracepoint missing on this kernel: running without it");
+        }
         let (devs, prefixes) = resolve_watches(&config.watch)?;
         let ring = config.ring_buffer_bytes;
         if !ring.is_power_of_two() || ring < 4096 {
@@ -203,6 +215,12 @@ impl Probes {
             .load(OBJECT)
             .map_err(ProbeError::Load)?;
         for &(program, category, name) in TRACEPOINTS {
+            if unavailable
+                .iter()
+                .any(|u| u.split('/').next() == Some(category))
+            {
+                continue;
+            }
             let prog: &mut TracePoint = ebpf
                 .program_mut(program)
                 .ok_or(ProbeError::MissingFromObject(program))?
@@ -246,9 +264,16 @@ impl Probes {
             ebpf,
             accesses,
             config,
+            unavailable,
         };
         probes.set_sample_every(probes.config.sample_every)?;
         Ok(probes)
+    }
+
+    /// Optional tracepoints (`category/name`) missing on this kernel, whose whole category
+    /// (FUSE latency, io_uring reads or page-cache misses) is therefore not measured.
+    pub fn unavailable(&self) -> &[String] {
+        &self.unavailable
     }
 
     /// Change the sampling rate of the access stream at run time (0 stops it).
@@ -414,18 +439,27 @@ fn find_tracefs() -> Option<PathBuf> {
         .find(|p| p.join("events").is_dir())
 }
 
-/// Every tracepoint in [`TRACEPOINTS`] exists under `tracefs/events`.
-pub(crate) fn check_tracepoints(tracefs: &Path) -> Result<(), ProbeError> {
+/// Check that the tracepoints of [`TRACEPOINTS`] exist under `tracefs/events`: a missing
+/// required one (or any, with `require_all`) is an error; missing optional ones are returned.
+pub(crate) fn check_tracepoints(
+    tracefs: &Path,
+    require_all: bool,
+) -> Result<Vec<String>, ProbeError> {
+    let mut missing = Vec::new();
     for &(_, category, name) in TRACEPOINTS {
-        if !tracefs.join("events").join(category).join(name).is_dir() {
+        if tracefs.join("events").join(category).join(name).is_dir() {
+            continue;
+        }
+        if require_all || !OPTIONAL_CATEGORIES.contains(&category) {
             return Err(ProbeError::TracepointMissing {
                 category: category.into(),
                 name: name.into(),
                 tracefs: tracefs.into(),
             });
         }
+        missing.push(format!("{category}/{name}"));
     }
-    Ok(())
+    Ok(missing)
 }
 
 /// The kernel's internal dev_t (`MAJOR << 20 | MINOR`, as in `sb->s_dev`) of a user `st_dev`.
@@ -515,21 +549,37 @@ mod tests {
     use super::*;
 
     #[test]
-    fn missing_tracepoint_is_named() {
+    fn missing_tracepoints_are_named_and_optional_ones_tolerated() {
         let root = tempfile::tempdir().unwrap();
+        let make = |cat: &str, name: &str| {
+            std::fs::create_dir_all(root.path().join("events").join(cat).join(name)).unwrap()
+        };
         for &(_, cat, name) in TRACEPOINTS {
-            if cat != "fuse" {
-                std::fs::create_dir_all(root.path().join("events").join(cat).join(name)).unwrap();
+            if cat != "fuse" && name != "sys_exit_read" {
+                make(cat, name);
             }
         }
-        let err = check_tracepoints(root.path()).unwrap_err().to_string();
+        let err = check_tracepoints(root.path(), false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("tracepoint syscalls/sys_exit_read not found"),
+            "{err}"
+        );
+        make("syscalls", "sys_exit_read");
+        // A 6.1 kernel: no fuse tracepoints. Tolerated unless everything is required.
+        let missing = check_tracepoints(root.path(), false).unwrap();
+        assert_eq!(missing, ["fuse/fuse_request_send", "fuse/fuse_request_end"]);
+        let err = check_tracepoints(root.path(), true)
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("tracepoint fuse/fuse_request_send not found"),
             "{err}"
         );
-        std::fs::create_dir_all(root.path().join("events/fuse/fuse_request_send")).unwrap();
-        std::fs::create_dir_all(root.path().join("events/fuse/fuse_request_end")).unwrap();
-        check_tracepoints(root.path()).unwrap();
+        make("fuse", "fuse_request_send");
+        make("fuse", "fuse_request_end");
+        assert!(check_tracepoints(root.path(), true).unwrap().is_empty());
     }
 
     #[test]

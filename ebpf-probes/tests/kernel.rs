@@ -159,6 +159,11 @@ fn probes_load_attach_and_detach_leaving_nothing_behind() {
     let Some(_serial) = privileged() else { return };
     let pinned_before = bpffs_entries();
     let probes = Probes::load(ProbeConfig::default()).expect("probes load on this kernel");
+    assert!(
+        probes.unavailable().is_empty(),
+        "all tracepoints exist here: {:?}",
+        probes.unavailable()
+    );
     let ids = probes.program_ids();
     assert_eq!(
         ids.len(),
