@@ -39,8 +39,8 @@ pub const TRACEPOINTS: &[(&str, &str, &str)] = &[
     ),
 ];
 
-/// Categories the probes can run without (older kernels: the fuse tracepoints only exist
-/// from Linux 6.10 on). Syscall and sched tracepoints, which measure stalls, are required.
+/// Categories the probes can run without (the fuse tracepoints are recent: 6.1 kernels,
+/// for one, lack them). Syscall and sched tracepoints, which measure stalls, are required.
 pub const OPTIONAL_CATEGORIES: &[&str] = &["fuse", "io_uring", "filemap"];
 
 const BTF_PATH: &str = "/sys/kernel/btf/vmlinux";
