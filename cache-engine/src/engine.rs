@@ -322,6 +322,23 @@ pub(crate) fn open(config: CacheConfig) -> Result<Cache, OpenError> {
     Ok(Cache { inner: Arc::new(inner) })
 }
 
+/// Runs `Inner::finish` so that it completes even if the caller's future is dropped: a
+/// buffer taken for writing must reach the disk (or be accounted as lost), and evicted
+/// segments must leave the index, whoever stops waiting.
+async fn finish_detached(inner: &Arc<Inner>, disk: u8, appended: Appended) -> Result<(), std::io::Error> {
+    if appended.jobs.is_empty() && appended.victims.is_empty() {
+        return Ok(());
+    }
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) => {
+            let inner = inner.clone();
+            let task = rt.spawn(async move { inner.finish(&inner.disks[disk as usize], appended).await });
+            task.await.unwrap_or_else(|e| Err(std::io::Error::other(format!("segment write task failed: {e}"))))
+        }
+        Err(_) => inner.finish(&inner.disks[disk as usize], appended).await,
+    }
+}
+
 pub(crate) fn partition(cache: &Cache, name: &str, config: PartitionConfig) -> Partition {
     let inner = &cache.inner;
     let (id, created) = {
@@ -479,7 +496,7 @@ pub(crate) async fn insert(p: &Partition, key: Key, value: Bytes) -> Result<(), 
     }
     inner.memory.insert(key, p.id, value, evict);
     inner.trim(p.id, &part, &config, key);
-    inner.finish(disk, appended).await.map_err(|source| {
+    finish_detached(&p.cache.inner, disk.id, appended).await.map_err(|source| {
         inner.insert_failures.fetch_add(1, Relaxed);
         InsertError::Io { path: disk.path.clone(), source }
     })
@@ -500,7 +517,7 @@ pub(crate) async fn remove(p: &Partition, key: &Key) -> bool {
     let disk = &inner.disks[inner.disk_for(key)];
     match disk.append(*key, old.part, FLAG_TOMBSTONE, &[], 0) {
         Ok(appended) => {
-            let _ = inner.finish(disk, appended).await;
+            let _ = finish_detached(&p.cache.inner, disk.id, appended).await;
         }
         Err(e) => {
             inner.io_errors.fetch_add(1, Relaxed);
