@@ -1,5 +1,6 @@
-//! The probes on the real kernel: load/attach/detach, per-cgroup counting of watched reads,
-//! prefix watches, off-CPU time inside a blocking read, and the sampled access stream.
+//! The probes on the real kernel: load/attach/detach, per-cgroup counting of watched reads
+//! (read, pread, io_uring, through FUSE), prefix watches, off-CPU time inside a blocking
+//! read, FUSE latency per opcode, and the sampled access stream.
 //!
 //! Needs root (BPF, mounts, cgroups); without it every test prints why it skipped.
 
@@ -504,4 +505,93 @@ fn privileged_uid() -> Option<u32> {
         .nth(1)?
         .parse()
         .ok()
+}
+
+/// A real FUSE mount (rclone serving a local directory), until Sluice's own FUSE front end
+/// can be used here.
+struct FuseMount {
+    _src: tempfile::TempDir,
+    mnt: tempfile::TempDir,
+}
+
+impl FuseMount {
+    fn rclone(files: &[(&str, usize)]) -> Option<Self> {
+        let src = tempfile::tempdir().unwrap();
+        let mnt = tempfile::tempdir().unwrap();
+        for (name, len) in files {
+            write_file(&src.path().join(name), *len);
+        }
+        let status = Command::new("rclone")
+            .arg("mount")
+            .arg(src.path())
+            .arg(mnt.path())
+            .args(["--daemon", "--config", "/dev/null"])
+            .status()
+            .ok()?;
+        let mount = Self { _src: src, mnt };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while status.success() && Instant::now() < deadline {
+            let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+            if mounts.contains(&format!("{} fuse", mount.path().display())) {
+                return Some(mount);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+    fn path(&self) -> &Path {
+        self.mnt.path()
+    }
+}
+
+impl Drop for FuseMount {
+    fn drop(&mut self) {
+        let _ = Command::new("fusermount")
+            .arg("-uz")
+            .arg(self.mnt.path())
+            .status();
+    }
+}
+
+#[test]
+fn reads_through_a_fuse_mount_report_fuse_latency_per_opcode() {
+    let Some(_serial) = privileged() else { return };
+    let len = 300_000;
+    let Some(fuse) = FuseMount::rclone(&[("x.jpeg", len)]) else {
+        eprintln!("skipped: could not mount a FUSE filesystem with rclone");
+        return;
+    };
+    let probes =
+        Probes::load(ProbeConfig::default().watch_filesystem(fuse.path())).expect("probes load");
+    if !probes.unavailable().is_empty() {
+        eprintln!("skipped: this kernel lacks {:?}", probes.unavailable());
+        return;
+    }
+    let cg = TestCgroup::new("fuse");
+    cg.sh(&format!(
+        "exec dd if={} of=/dev/null bs=65536 status=none",
+        fuse.path().join("x.jpeg").display()
+    ));
+    let snapshot = probes.snapshot().unwrap();
+    let mine = stats_of(&snapshot, cg.id());
+    assert_eq!(mine.len(), 1, "{snapshot:#?}");
+    let s = mine[0];
+    assert_eq!(s.bytes, len as u64);
+    assert!(
+        s.page_cache_misses > 0,
+        "pages fetched through FUSE are page-cache misses: {s:#?}"
+    );
+    const FUSE_READ: u32 = 15;
+    let read = s
+        .fuse
+        .iter()
+        .find(|f| f.opcode == FUSE_READ)
+        .unwrap_or_else(|| panic!("no FUSE_READ: {s:#?}"));
+    assert!(
+        read.requests >= 1 && read.latency_ns > 0 && read.latency.count() == read.requests,
+        "{read:#?}"
+    );
+    assert_eq!(read.errors, 0);
+    // The reader waited for the FUSE daemon off-CPU.
+    assert!(s.blocked_ns > 0 && s.blocked_ns <= s.latency_ns, "{s:#?}");
 }
