@@ -105,3 +105,18 @@ fn write_stamp(dir: &Path) -> anyhow::Result<()> {
     println!("wrote {}", dir.join(STAMP).display());
     Ok(())
 }
+
+/// Run ebpf-probes' kernel tests in qemu on Debian's 6.1 and 6.12 cloud kernels
+/// (`vm-tests/run.sh`; `versions` empty means both).
+pub fn vm_test(versions: &[String]) -> anyhow::Result<()> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../vm-tests/run.sh");
+    let status = Command::new("sh")
+        .arg(&script)
+        .args(versions)
+        .status()
+        .with_context(|| format!("running {}", script.display()))?;
+    if !status.success() {
+        bail!("VM tests failed ({status}); consoles are in vm-tests/.cache/console-*.log");
+    }
+    Ok(())
+}

@@ -30,6 +30,11 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Compile ebpf-probes/bpf/*.bpf.c with clang and refresh the committed objects' stamp.
     BuildEbpf,
+    /// Run the eBPF probes' kernel tests in qemu on Debian's 6.1 and 6.12 cloud kernels.
+    VmTest {
+        /// Kernel versions to boot (default: 6.1 6.12).
+        versions: Vec<String>,
+    },
     /// The README's first command: a local dataset read cold and warm through a Sluice mount.
     Demo,
     /// The README's second command: installs what the tests need, then runs them all.
@@ -44,6 +49,7 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Bench(args) => bench::run(args),
         Command::BuildEbpf => ebpf::build(),
+        Command::VmTest { versions } => ebpf::vm_test(&versions),
         Command::Demo => tasks::demo(),
         Command::Test { extra } => tasks::test(&extra),
     }
