@@ -39,6 +39,13 @@ pub const TRACEPOINTS: &[(&str, &str, &str)] = &[
     ),
 ];
 
+/// Older names of tracepoints, tried when the current one is missing: (category, name,
+/// old name). Only fields at the same offsets are read, so one program serves both.
+const OLD_NAMES: &[(&str, &str, &str)] = &[
+    // Renamed in 6.x; ctx, req and opcode keep offsets 8, 16 and 32 (6.1's format).
+    ("io_uring", "io_uring_submit_req", "io_uring_submit_sqe"),
+];
+
 /// Categories the probes can run without (the fuse tracepoints are recent: 6.1 kernels,
 /// for one, lack them). Syscall and sched tracepoints, which measure stalls, are required.
 pub const OPTIONAL_CATEGORIES: &[&str] = &["fuse", "io_uring", "filemap"];
@@ -228,6 +235,7 @@ impl Probes {
                 .map_err(|source| ProbeError::Program { program, source })?;
             prog.load()
                 .map_err(|source| ProbeError::Program { program, source })?;
+            let name = resolve_tracepoint(&tracefs, category, name).unwrap_or(name);
             prog.attach(category, name)
                 .map_err(|source| ProbeError::Program { program, source })?;
         }
@@ -441,13 +449,25 @@ fn find_tracefs() -> Option<PathBuf> {
 
 /// Check that the tracepoints of [`TRACEPOINTS`] exist under `tracefs/events`: a missing
 /// required one (or any, with `require_all`) is an error; missing optional ones are returned.
+/// The name `category/name` has on this kernel (itself or an older name), if it exists.
+fn resolve_tracepoint(tracefs: &Path, category: &str, name: &'static str) -> Option<&'static str> {
+    let exists = |n: &str| tracefs.join("events").join(category).join(n).is_dir();
+    if exists(name) {
+        return Some(name);
+    }
+    OLD_NAMES
+        .iter()
+        .find(|(c, n, old)| *c == category && *n == name && exists(old))
+        .map(|(_, _, old)| *old)
+}
+
 pub(crate) fn check_tracepoints(
     tracefs: &Path,
     require_all: bool,
 ) -> Result<Vec<String>, ProbeError> {
     let mut missing = Vec::new();
     for &(_, category, name) in TRACEPOINTS {
-        if tracefs.join("events").join(category).join(name).is_dir() {
+        if resolve_tracepoint(tracefs, category, name).is_some() {
             continue;
         }
         if require_all || !OPTIONAL_CATEGORIES.contains(&category) {
@@ -580,6 +600,18 @@ mod tests {
         make("fuse", "fuse_request_send");
         make("fuse", "fuse_request_end");
         assert!(check_tracepoints(root.path(), true).unwrap().is_empty());
+        // 6.1 calls io_uring_submit_req io_uring_submit_sqe.
+        std::fs::remove_dir(root.path().join("events/io_uring/io_uring_submit_req")).unwrap();
+        assert_eq!(
+            check_tracepoints(root.path(), false).unwrap(),
+            ["io_uring/io_uring_submit_req"]
+        );
+        make("io_uring", "io_uring_submit_sqe");
+        assert!(check_tracepoints(root.path(), true).unwrap().is_empty());
+        assert_eq!(
+            resolve_tracepoint(root.path(), "io_uring", "io_uring_submit_req"),
+            Some("io_uring_submit_sqe")
+        );
     }
 
     #[test]
