@@ -1,0 +1,64 @@
+//! The CLI against a running agent: `status --json` after reads, `load` with its summary,
+//! the message when no agent runs, and `sluice demo` end to end (the README's first command).
+
+#[path = "fuse_harness.rs"]
+mod harness;
+
+use harness::{BIN, Env};
+
+#[test]
+fn status_without_agent_says_how_to_start_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("admin.sock");
+    let out = std::process::Command::new(BIN).args(["status", "--admin-socket"]).arg(&sock).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("no agent at {}", sock.display())) && err.contains("sluice agent --config"), "{err}");
+}
+
+#[test]
+fn status_json_reflects_cached_bytes_after_a_read_and_load_fills_the_rest() {
+    require_fuse!();
+    let mut env = Env::new(40, &[5 << 20], "1MiB");
+    env.start_agent();
+    let sock = env.socket().display().to_string();
+    let status = |env: &Env| -> serde_json::Value {
+        let (ok, out, err) = env.cli(&["status", "--json", "--admin-socket", &sock]);
+        assert!(ok, "{err}");
+        serde_json::from_str(&out).unwrap()
+    };
+    let before = status(&env);
+    assert_eq!(before["datasets"][0]["cachedBytes"], 0);
+    let total = before["datasets"][0]["bytes"].as_u64().unwrap();
+
+    let rel = "shards/shard-000.tar";
+    let n = std::fs::read(env.served(rel)).unwrap().len() as u64;
+    let after = status(&env);
+    let d = &after["datasets"][0];
+    assert!(d["cachedBytes"].as_u64().unwrap() >= n, "{after}");
+    assert!(d["servedSource"].as_u64().unwrap() >= n, "{after}");
+    assert_eq!(after["tiers"][0]["tier"], "memory");
+
+    let (ok, out, err) = env.cli(&["load", "ds", "--admin-socket", &sock]);
+    assert!(ok, "{err}");
+    assert!(out.contains("ds: loaded"), "{out}");
+    let loaded = status(&env);
+    assert!(loaded["datasets"][0]["cachedBytes"].as_u64().unwrap() >= total, "{loaded}");
+    let (ok, out, _) = env.cli(&["status", "--admin-socket", &sock]);
+    assert!(ok && out.contains("DATASET") && out.contains("100.0%"), "{out}");
+
+    let (ok, _, err) = env.cli(&["load", "nosuch", "--admin-socket", &sock]);
+    assert!(!ok && err.contains("no dataset \"nosuch\""), "{err}");
+}
+
+#[test]
+fn demo_runs_end_to_end() {
+    require_fuse!();
+    let out = std::process::Command::new(BIN).args(["demo", "--files", "300"]).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    for want in ["cold epoch:", "warm epoch:", "DATASET", "cleaned up"] {
+        assert!(stdout.contains(want), "missing {want:?} in:\n{stdout}");
+    }
+    print!("{stdout}");
+}
