@@ -712,7 +712,7 @@ impl Report {
         if s.quick {
             let _ = writeln!(
                 out,
-                "\n**These are `--quick` figures**: a small dataset on a small shared machine, a smoke test that every peer starts and every number is produced, not a result to quote. s3torchconnector is left out of quick runs (it pulls PyTorch, about 5 GB)."
+                "\n**These are `--quick` figures**: a small dataset on a small shared machine, a smoke test that every peer starts and every number is produced, not a result to quote: the machine's few cores are shared with other work, so the same figure moves by a third from run to run (the local-disk rows show it best). s3torchconnector is left out of quick runs (it pulls PyTorch, about 5 GB)."
             );
         }
         let _ = writeln!(out, "\nSetup, the same for every system:\n");
@@ -859,6 +859,20 @@ impl Report {
                 if let Some(e) = self.egress_ratio(*sys).filter(|e| *sys != System::Sluice && *sys != System::Local && *e < me) {
                     out.push(format!("Sluice loses here: {} fetched {e:.2}× the dataset for two jobs, Sluice {me:.2}×.", sys.title()));
                 }
+            }
+        }
+        // Read amplification: bytes fetched in the first cold pass over the dataset.
+        let first_fetch = |sys: System| {
+            self.run(w, sys).and_then(|r| r.measures.first()).map(|m| m.fetched_bytes as f64 / self.settings.dataset_bytes as f64)
+        };
+        if (w == 0 || w == 3) && let Some(me) = first_fetch(System::Sluice) {
+            let better: Vec<String> = self.results[w]
+                .iter()
+                .filter(|(s, _)| s.has_cache() && *s != System::Sluice)
+                .filter_map(|(s, _)| first_fetch(*s).filter(|f| *f + 0.02 < me).map(|f| format!("{} {f:.2}×", s.title())))
+                .collect();
+            if !better.is_empty() {
+                out.push(format!("Sluice loses here: its first epoch fetched {me:.2}× the dataset from the object store ({}).", better.join(", ")));
             }
         }
         if w == 3 && let Some(me) = self.warm_hit(System::Sluice) {

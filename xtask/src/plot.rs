@@ -16,13 +16,16 @@ pub fn lines(path: &Path, title: &str, runs: &[String], y_label: &str, series: &
         .margin(15)
         .x_label_area_size(40)
         .y_label_area_size(60)
-        .build_cartesian_2d(0.0..(n - 1) as f64, 0.0..y_max)
+        .build_cartesian_2d(-0.2..(n - 1) as f64 + 0.2, 0.0..y_max)
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     let labels = runs.to_vec();
     chart
         .configure_mesh()
         .x_labels(n)
-        .x_label_formatter(&|x| labels.get(x.round() as usize).cloned().unwrap_or_default())
+        // Runs sit on whole numbers; anything between them gets no label.
+        .x_label_formatter(&|x| {
+            if (x - x.round()).abs() > 1e-6 || *x < -1e-6 { String::new() } else { labels.get(x.round() as usize).cloned().unwrap_or_default() }
+        })
         .y_desc(y_label)
         .draw()
         .map_err(|e| anyhow::anyhow!("{e}"))?;
