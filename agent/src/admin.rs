@@ -31,6 +31,8 @@ pub struct ServedDataset {
     /// Where its listing is persisted.
     pub meta_path: PathBuf,
     pub mount_point: PathBuf,
+    /// Set once mounted: tells the kernel which cached entries a refresh made stale.
+    pub notifier: std::sync::OnceLock<fuser::Notifier>,
 }
 
 impl ServedDataset {
@@ -42,7 +44,19 @@ impl ServedDataset {
         let tree = tokio::task::block_in_place(|| Tree::build(listings, Some(&old)));
         tree.save(&self.meta_path).map_err(|e| e.to_string())?;
         let totals = tree.totals();
+        let stale: Vec<(u64, u64, String, bool)> =
+            tree.changed_since(&old).map(|(ino, parent, name, gone)| (ino, parent, name.to_string(), gone)).collect();
         self.meta.swap(tree);
+        // The kernel holds entries, attributes and pages for an hour (TTL, KEEP_CACHE):
+        // drop what changed. Errors mean "not cached", which is fine.
+        if let Some(n) = self.notifier.get() {
+            for (ino, parent, name, gone) in &stale {
+                let _ = n.inval_inode(fuser::INodeNo(*ino), 0, -1);
+                if *gone {
+                    let _ = n.inval_entry(fuser::INodeNo(*parent), std::ffi::OsStr::new(name));
+                }
+            }
+        }
         tracing::info!(dataset = %self.dataset.name, files = totals.0, bytes = totals.1, "metadata refreshed");
         Ok(totals)
     }

@@ -113,6 +113,7 @@ pub async fn run(config_path: &Path) -> Result<()> {
             dataset: ds,
             meta: Arc::new(MetaCache::new(tree)),
             meta_path,
+            notifier: std::sync::OnceLock::new(),
         }));
     }
 
@@ -133,6 +134,7 @@ pub async fn run(config_path: &Path) -> Result<()> {
         let st = store.clone();
         let m = tokio::task::spawn_blocking(move || crate::fuse::serve(fs, &mp, st.as_ref())).await??;
         tracing::info!(dataset = %d.dataset.name, resumed = m.resumed, "serving");
+        let _ = d.notifier.set(m.notifier());
         mounted.push(m);
     }
 

@@ -62,3 +62,29 @@ fn demo_runs_end_to_end() {
     }
     print!("{stdout}");
 }
+
+#[test]
+fn load_metadata_only_refreshes_the_listing_and_the_kernel_sees_changes() {
+    require_fuse!();
+    let mut env = Env::new(10, &[], "1MiB");
+    env.start_agent();
+    let sock = env.socket().display().to_string();
+    let (gone, changed) = (env.files[0].clone(), env.files[1].clone());
+    // Populate the kernel's caches (entries, attributes, pages) first.
+    std::fs::read(env.served(&gone)).unwrap();
+    let old = std::fs::read(env.served(&changed)).unwrap();
+
+    std::fs::remove_file(env.source(&gone)).unwrap();
+    let new_bytes = b"a different, shorter content".to_vec();
+    std::thread::sleep(std::time::Duration::from_millis(1100)); // a new mtime
+    std::fs::write(env.source(&changed), &new_bytes).unwrap();
+    std::fs::write(env.source("added.txt"), b"new file").unwrap();
+    assert_eq!(std::fs::read(env.served(&changed)).unwrap(), old, "served from the listing until a refresh");
+
+    let (ok, out, err) = env.cli(&["load", "ds", "--metadata-only", "--admin-socket", &sock]);
+    assert!(ok, "{err}");
+    assert!(out.contains("metadata refreshed"), "{out}");
+    assert_eq!(std::fs::read(env.served("added.txt")).unwrap(), b"new file");
+    assert_eq!(std::fs::read(env.served(&changed)).unwrap(), new_bytes);
+    assert_eq!(std::fs::metadata(env.served(&gone)).unwrap_err().raw_os_error(), Some(libc::ENOENT));
+}

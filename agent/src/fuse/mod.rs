@@ -347,6 +347,11 @@ pub struct MountedDataset {
 }
 
 impl MountedDataset {
+    /// Sends invalidations to the kernel for this mount.
+    pub fn notifier(&self) -> fuser::Notifier {
+        self._session.notifier()
+    }
+
     /// Unmounts (lazily) and tells the keeper to forget the fd; the session threads end when
     /// the kernel closes the connection.
     pub fn unmount(self, store: Option<&FdStore>) {

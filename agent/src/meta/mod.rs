@@ -292,6 +292,35 @@ impl Tree {
             .fold((0, 0), |(f, b), n| (f + 1, b + n.size))
     }
 
+    /// Every live inode.
+    pub fn entries(&self) -> impl Iterator<Item = Entry> + '_ {
+        (1..=self.nodes.len() as u64).filter_map(|ino| self.get(ino))
+    }
+
+    /// The last path component of `ino` ("" for the root).
+    pub fn name(&self, ino: u64) -> &str {
+        self.node(ino).map(|n| self.name_of(n)).unwrap_or("")
+    }
+
+    /// Inodes of `old` that the kernel may hold stale: files gone or changed (size, mtime,
+    /// version), and every directory (its listing may have changed). Each with its parent
+    /// and name in `old`, and whether it is gone.
+    pub fn changed_since<'a>(&'a self, old: &'a Tree) -> impl Iterator<Item = (u64, u64, &'a str, bool)> + 'a {
+        old.entries().filter_map(move |e| {
+            let gone = self.get(e.ino).is_none_or(|n| (n.kind == EntryKind::Dir) != (e.kind == EntryKind::Dir));
+            let changed = gone
+                || match (e.kind, self.get(e.ino).map(|n| n.kind)) {
+                    (EntryKind::Dir, _) => true,
+                    (EntryKind::File { mount: m0, object: o0 }, Some(EntryKind::File { mount: m1, object: o1 })) => {
+                        let (a, b) = (old.object(m0, o0), self.object(m1, o1));
+                        a.size != b.size || a.modified != b.modified || a.version != b.version
+                    }
+                    _ => true,
+                };
+            changed.then(|| (e.ino, old.parent(e.ino), old.name(e.ino), gone))
+        })
+    }
+
     /// Highest inode number in use, for statfs.
     pub fn inode_count(&self) -> u64 {
         self.nodes.len() as u64
