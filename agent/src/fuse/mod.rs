@@ -385,29 +385,29 @@ pub fn serve(fs: DatasetFs, mount_point: &Path, store: Option<&FdStore>) -> Resu
     let key = mount_point.to_string_lossy().to_string();
     let session_err = |source| ServeError::Session { dataset: dataset.clone(), path: mount_point.into(), source };
 
-    if let Some(store) = store {
-        if mount::mounted_fs_type(mount_point).as_deref() == Some(mount::FS_TYPE) {
-            match store.get(&key) {
-                Ok(Some(dev)) => {
-                    let session = adopt(fs, &dev).map_err(session_err)?;
-                    if let Err(e) = fd::notify_resend(&dev) {
-                        tracing::warn!(%dataset, error = %e, "FUSE_NOTIFY_RESEND failed (kernel < 6.9?): requests the old agent had read will fail");
-                    }
-                    tracing::info!(%dataset, path = %mount_point.display(), "resumed the kept FUSE connection");
-                    return Ok(MountedDataset { mount_point: mount_point.into(), resumed: true, _session: session });
+    if let Some(store) = store
+        && mount::mounted_fs_type(mount_point).as_deref() == Some(mount::FS_TYPE)
+    {
+        match store.get(&key) {
+            Ok(Some(dev)) => {
+                let session = adopt(fs, &dev).map_err(session_err)?;
+                if let Err(e) = fd::notify_resend(&dev) {
+                    tracing::warn!(%dataset, error = %e, "FUSE_NOTIFY_RESEND failed (kernel < 6.9?): requests the old agent had read will fail");
                 }
-                Ok(None) => {}
-                Err(e) => tracing::warn!(%dataset, error = %e, "fd keeper unavailable; remounting"),
+                tracing::info!(%dataset, path = %mount_point.display(), "resumed the kept FUSE connection");
+                return Ok(MountedDataset { mount_point: mount_point.into(), resumed: true, _session: session });
             }
+            Ok(None) => {}
+            Err(e) => tracing::warn!(%dataset, error = %e, "fd keeper unavailable; remounting"),
         }
     }
 
     mount::clear_mount_point(mount_point)?;
     let dev = mount::mount_fuse(mount_point, &dataset, MAX_READ)?;
-    if let Some(store) = store {
-        if let Err(e) = store.put(&key, dev.as_fd()) {
-            tracing::warn!(%dataset, error = %e, "could not hand the FUSE fd to the keeper: this mount will not survive an agent crash");
-        }
+    if let Some(store) = store
+        && let Err(e) = store.put(&key, dev.as_fd())
+    {
+        tracing::warn!(%dataset, error = %e, "could not hand the FUSE fd to the keeper: this mount will not survive an agent crash");
     }
     let session = Session::from_fd(fs, dev, SessionACL::All, session_config()).map_err(session_err)?;
     let session = session.spawn().map_err(session_err)?;

@@ -85,7 +85,9 @@ impl Tree {
     /// Builds the tree of `mounts`, reusing inode numbers from `previous` for paths it has.
     pub fn build(mounts: Vec<MountListing>, previous: Option<&Tree>) -> Tree {
         // Every path (files and the directories they imply) with what it is.
-        let mut paths: HashMap<String, (u8, u64, i64, u32, u32)> = HashMap::new();
+        // path -> (kind, size, mtime, a, b), as in `Node`.
+        type Shape = (u8, u64, i64, u32, u32);
+        let mut paths: HashMap<String, Shape> = HashMap::new();
         paths.insert(String::new(), (KIND_DIR, 0, 0, 0, 0));
         for (m, mount) in mounts.iter().enumerate() {
             let base = mount.name.trim_matches('/');
@@ -131,7 +133,7 @@ impl Tree {
 
         // Inode numbers: the previous tree's where the path (and kind) survives, new ones after.
         let mut next = previous.map(|p| p.nodes.len() as u64).unwrap_or(1) + 1;
-        let mut sorted: Vec<(&String, &(u8, u64, i64, u32, u32))> = paths.iter().collect();
+        let mut sorted: Vec<(&String, &Shape)> = paths.iter().collect();
         sorted.sort_by(|a, b| a.0.cmp(b.0));
         let mut ino_of: HashMap<&str, u64> = HashMap::with_capacity(sorted.len());
         for (path, e) in &sorted {
