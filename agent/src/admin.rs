@@ -44,8 +44,10 @@ impl ServedDataset {
         let tree = tokio::task::block_in_place(|| Tree::build(listings, Some(&old)));
         tree.save(&self.meta_path).map_err(|e| e.to_string())?;
         let totals = tree.totals();
-        let stale: Vec<(u64, u64, String, bool)> =
-            tree.changed_since(&old).map(|(ino, parent, name, gone)| (ino, parent, name.to_string(), gone)).collect();
+        let stale: Vec<(u64, u64, String, bool)> = tree
+            .changed_since(&old)
+            .map(|(ino, parent, name, gone)| (ino, parent, name.to_string(), gone))
+            .collect();
         self.meta.swap(tree);
         // The kernel holds entries, attributes and pages for an hour (TTL, KEEP_CACHE):
         // drop what changed. Errors mean "not cached", which is fine.
@@ -68,7 +70,10 @@ pub async fn list_all(ds: &Dataset) -> Result<Vec<MountListing>, String> {
         m.source
             .list()
             .await
-            .map(|objects| MountListing { name: m.name.clone(), objects })
+            .map(|objects| MountListing {
+                name: m.name.clone(),
+                objects,
+            })
             .map_err(|e| format!("dataset {}: listing mount {:?}: {e}", ds.name, m.name))
     }))
     .await;
@@ -81,8 +86,16 @@ pub async fn list_all(ds: &Dataset) -> Result<Vec<MountListing>, String> {
 pub enum AdminRequest {
     Status,
     #[serde(rename_all = "camelCase")]
-    Load { dataset: String, #[serde(default)] path: String, #[serde(default)] metadata_only: bool },
-    Refresh { dataset: String },
+    Load {
+        dataset: String,
+        #[serde(default)]
+        path: String,
+        #[serde(default)]
+        metadata_only: bool,
+    },
+    Refresh {
+        dataset: String,
+    },
 }
 
 /// `sluice status` for one dataset.
@@ -99,6 +112,9 @@ pub struct DatasetStatus {
     pub served_memory: u64,
     pub served_disk: u64,
     pub served_source: u64,
+    /// Bytes the sources sent (whole blocks; more than `served_source` for partial reads).
+    #[serde(default)]
+    pub fetched_source: u64,
 }
 
 /// `sluice status` for one cache tier.
@@ -160,11 +176,20 @@ impl AdminState {
                     files,
                     bytes,
                     cached_bytes: p.bytes,
-                    cached_percent: if bytes == 0 { 0.0 } else { (p.bytes as f64 * 100.0 / bytes as f64).min(100.0) },
-                    hit_ratio: if lookups == 0 { 0.0 } else { hits as f64 / lookups as f64 },
+                    cached_percent: if bytes == 0 {
+                        0.0
+                    } else {
+                        (p.bytes as f64 * 100.0 / bytes as f64).min(100.0)
+                    },
+                    hit_ratio: if lookups == 0 {
+                        0.0
+                    } else {
+                        hits as f64 / lookups as f64
+                    },
                     served_memory: d.dataset.served.memory.load(Ordering::Relaxed),
                     served_disk: d.dataset.served.disk.load(Ordering::Relaxed),
                     served_source: d.dataset.served.source.load(Ordering::Relaxed),
+                    fetched_source: d.dataset.served.fetched.load(Ordering::Relaxed),
                 }
             })
             .collect();
@@ -191,10 +216,20 @@ impl AdminState {
     }
 
     fn dataset(&self, name: &str) -> Result<&Arc<ServedDataset>, String> {
-        self.datasets.iter().find(|d| d.dataset.name == name).ok_or_else(|| {
-            let known: Vec<_> = self.datasets.iter().map(|d| d.dataset.name.as_str()).collect();
-            format!("no dataset {name:?} (this agent serves: {})", known.join(", "))
-        })
+        self.datasets
+            .iter()
+            .find(|d| d.dataset.name == name)
+            .ok_or_else(|| {
+                let known: Vec<_> = self
+                    .datasets
+                    .iter()
+                    .map(|d| d.dataset.name.as_str())
+                    .collect();
+                format!(
+                    "no dataset {name:?} (this agent serves: {})",
+                    known.join(", ")
+                )
+            })
     }
 }
 
@@ -224,7 +259,10 @@ fn bind(path: &Path) -> std::io::Result<UnixListener> {
     Ok(listener)
 }
 
-async fn send(conn: &mut tokio::net::unix::OwnedWriteHalf, v: &serde_json::Value) -> std::io::Result<()> {
+async fn send(
+    conn: &mut tokio::net::unix::OwnedWriteHalf,
+    v: &serde_json::Value,
+) -> std::io::Result<()> {
     let mut line = serde_json::to_vec(v).expect("json");
     line.push(b'\n');
     conn.write_all(&line).await
@@ -237,32 +275,54 @@ async fn handle(conn: UnixStream, state: Arc<AdminState>) -> std::io::Result<()>
     let req: AdminRequest = match serde_json::from_str(&line) {
         Ok(r) => r,
         Err(e) => {
-            return send(&mut write, &serde_json::json!({"type": "error", "message": format!("bad request: {e}")})).await;
+            return send(
+                &mut write,
+                &serde_json::json!({"type": "error", "message": format!("bad request: {e}")}),
+            )
+            .await;
         }
     };
     match req {
         AdminRequest::Status => {
             let status = state.status();
-            send(&mut write, &serde_json::json!({"type": "status", "status": status})).await
+            send(
+                &mut write,
+                &serde_json::json!({"type": "status", "status": status}),
+            )
+            .await
         }
         AdminRequest::Refresh { dataset } => {
             let reply = match state.dataset(&dataset) {
                 Ok(d) => match d.refresh().await {
-                    Ok((files, bytes)) => serde_json::json!({"type": "done", "files": files, "bytes": bytes}),
+                    Ok((files, bytes)) => {
+                        serde_json::json!({"type": "done", "files": files, "bytes": bytes})
+                    }
                     Err(message) => serde_json::json!({"type": "error", "message": message}),
                 },
                 Err(message) => serde_json::json!({"type": "error", "message": message}),
             };
             send(&mut write, &reply).await
         }
-        AdminRequest::Load { dataset, path, metadata_only } => {
+        AdminRequest::Load {
+            dataset,
+            path,
+            metadata_only,
+        } => {
             let d = match state.dataset(&dataset) {
                 Ok(d) => d.clone(),
-                Err(message) => return send(&mut write, &serde_json::json!({"type": "error", "message": message})).await,
+                Err(message) => {
+                    return send(
+                        &mut write,
+                        &serde_json::json!({"type": "error", "message": message}),
+                    )
+                    .await;
+                }
             };
             if metadata_only {
                 let reply = match d.refresh().await {
-                    Ok((files, bytes)) => serde_json::json!({"type": "done", "progress": LoadProgress { files_total: files, bytes_total: bytes, files_done: files, ..Default::default() }}),
+                    Ok((files, bytes)) => {
+                        serde_json::json!({"type": "done", "progress": LoadProgress { files_total: files, bytes_total: bytes, files_done: files, ..Default::default() }})
+                    }
                     Err(message) => serde_json::json!({"type": "error", "message": message}),
                 };
                 return send(&mut write, &reply).await;
@@ -274,11 +334,20 @@ async fn handle(conn: UnixStream, state: Arc<AdminState>) -> std::io::Result<()>
 
 /// Reads every block of every file under `path` into the cache, 16 blocks at a time,
 /// streaming progress every 200 ms.
-async fn load(d: Arc<ServedDataset>, pool: &ReadPool, path: &str, write: &mut tokio::net::unix::OwnedWriteHalf) -> std::io::Result<()> {
+async fn load(
+    d: Arc<ServedDataset>,
+    pool: &ReadPool,
+    path: &str,
+    write: &mut tokio::net::unix::OwnedWriteHalf,
+) -> std::io::Result<()> {
     let tree = d.meta.snapshot();
     let Some(root) = tree.resolve(path) else {
         let message = format!("dataset {}: no path {path:?}", d.dataset.name);
-        return send(write, &serde_json::json!({"type": "error", "message": message})).await;
+        return send(
+            write,
+            &serde_json::json!({"type": "error", "message": message}),
+        )
+        .await;
     };
     let files = tree.files_under(root.ino);
     let bytes_total: u64 = files.iter().map(|f| f.size).sum();
@@ -299,7 +368,13 @@ async fn load(d: Arc<ServedDataset>, pool: &ReadPool, path: &str, write: &mut to
     let started = Instant::now();
     let (done_tx, work) = tokio::sync::oneshot::channel::<()>();
     {
-        let (d, tree, fd, bd, er) = (d.clone(), tree.clone(), files_done.clone(), bytes_done.clone(), errors.clone());
+        let (d, tree, fd, bd, er) = (
+            d.clone(),
+            tree.clone(),
+            files_done.clone(),
+            bytes_done.clone(),
+            errors.clone(),
+        );
         pool.spawn(move || async move {
             let bs = d.dataset.block_size;
             let blocks = files.iter().flat_map(|f| {

@@ -96,7 +96,11 @@ pub struct AgentCacheConfig {
 
 impl Default for AgentCacheConfig {
     fn default() -> Self {
-        AgentCacheConfig { memory: ByteSize(1 << 30), disks: Vec::new(), engine: "auto".into() }
+        AgentCacheConfig {
+            memory: ByteSize(1 << 30),
+            disks: Vec::new(),
+            engine: "auto".into(),
+        }
     }
 }
 
@@ -187,9 +191,13 @@ pub struct ByteSize(pub u64);
 impl ByteSize {
     pub fn parse(s: &str) -> Result<ByteSize, String> {
         let s = s.trim();
-        let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+        let split = s
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(s.len());
         let (num, unit) = s.split_at(split);
-        let num: f64 = num.parse().map_err(|_| format!("invalid size {s:?}: expected e.g. 4MiB, 500GiB, 1024"))?;
+        let num: f64 = num
+            .parse()
+            .map_err(|_| format!("invalid size {s:?}: expected e.g. 4MiB, 500GiB, 1024"))?;
         let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
             "" | "b" => 1,
             "k" | "kb" => 1_000,
@@ -200,7 +208,11 @@ impl ByteSize {
             "gi" | "gib" => 1 << 30,
             "t" | "tb" => 1_000_000_000_000,
             "ti" | "tib" => 1 << 40,
-            other => return Err(format!("invalid size unit {other:?} in {s:?}: use B, KiB, MiB, GiB, TiB (or K, M, G, T)")),
+            other => {
+                return Err(format!(
+                    "invalid size unit {other:?} in {s:?}: use B, KiB, MiB, GiB, TiB (or K, M, G, T)"
+                ));
+            }
         };
         Ok(ByteSize((num * mult as f64) as u64))
     }
@@ -215,7 +227,11 @@ impl std::fmt::Display for ByteSize {
             v /= 1024.0;
             i += 1;
         }
-        if i == 0 { write!(f, "{} B", self.0) } else { write!(f, "{v:.1} {}", UNITS[i]) }
+        if i == 0 {
+            write!(f, "{} B", self.0)
+        } else {
+            write!(f, "{v:.1} {}", UNITS[i])
+        }
     }
 }
 
@@ -247,13 +263,27 @@ pub const API_VERSION: &str = "sluice.io/v1alpha1";
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config file {path}: {source}")]
-    Read { path: PathBuf, #[source] source: std::io::Error },
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     /// Bad YAML or a value of the wrong shape.
     #[error("{file}{}: {}{message}", line_suffix(*line), field_prefix(field))]
-    Parse { file: String, line: Option<usize>, field: String, message: String },
+    Parse {
+        file: String,
+        line: Option<usize>,
+        field: String,
+        message: String,
+    },
     /// Well-formed but not acceptable (duplicate names, unknown scheme, …).
     #[error("{file}{}: {}{message}", line_suffix(*line), field_prefix(field))]
-    Invalid { file: String, line: Option<usize>, field: String, message: String },
+    Invalid {
+        file: String,
+        line: Option<usize>,
+        field: String,
+        message: String,
+    },
     #[error("environment variable {var}: {message}")]
     Env { var: String, message: String },
 }
@@ -263,7 +293,11 @@ fn line_suffix(line: Option<usize>) -> String {
 }
 
 fn field_prefix(field: &str) -> String {
-    if field.is_empty() || field == "." { String::new() } else { format!("{field}: ") }
+    if field.is_empty() || field == "." {
+        String::new()
+    } else {
+        format!("{field}: ")
+    }
 }
 
 /// The `agent:` document's shape.
@@ -289,14 +323,20 @@ fn split_documents(text: &str) -> Vec<Document<'_>> {
     for (i, line) in text.split_inclusive('\n').enumerate() {
         let bare = line.trim_end();
         if bare == "---" || bare.starts_with("--- ") || bare.starts_with("---\t") {
-            docs.push(Document { text: &text[start..offset], first_line: start_line });
+            docs.push(Document {
+                text: &text[start..offset],
+                first_line: start_line,
+            });
             // A document may begin on the marker line itself (`--- {…}`); keep its line.
             start = offset + 3;
             start_line = i;
         }
         offset += line.len();
     }
-    docs.push(Document { text: &text[start..], first_line: start_line });
+    docs.push(Document {
+        text: &text[start..],
+        first_line: start_line,
+    });
     docs
 }
 
@@ -304,7 +344,10 @@ impl Config {
     /// Reads, overrides from the process environment and validates `path`.
     pub fn load(path: impl AsRef<Path>) -> Result<Config, ConfigError> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
         let name = path.display().to_string();
         Config::parse_with_env(&name, &text, |var| std::env::var(var).ok())
     }
@@ -317,7 +360,11 @@ impl Config {
 
     /// Parses `text` (named `file` in errors), applies overrides looked up with `env`, and
     /// validates.
-    pub fn parse_with_env(file: &str, text: &str, env: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+    pub fn parse_with_env(
+        file: &str,
+        text: &str,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
         let mut config = Config::default();
         let mut agent_seen = false;
         let mut agent_doc: Option<Document<'_>> = None;
@@ -336,7 +383,8 @@ impl Config {
                         file: file.into(),
                         line: Some(first_content_line(&doc)),
                         field: String::new(),
-                        message: "expected an `agent:` section or a `kind: Dataset` document".into(),
+                        message: "expected an `agent:` section or a `kind: Dataset` document"
+                            .into(),
                     });
                 }
             };
@@ -374,7 +422,10 @@ impl Config {
                     file: file.into(),
                     line: Some(first_line + 1),
                     field: "metadata.name".into(),
-                    message: format!("dataset {:?} is defined twice; names must be unique", spec.metadata.name),
+                    message: format!(
+                        "dataset {:?} is defined twice; names must be unique",
+                        spec.metadata.name
+                    ),
                 });
             }
         }
@@ -384,8 +435,18 @@ impl Config {
             if let ConfigError::Invalid { line, field, .. } = &mut e
                 && let Some(doc) = &agent_doc
             {
-                let key = field.rsplit('.').next().unwrap_or(field).split('[').next().unwrap_or("");
-                *line = doc.text.lines().position(|l| l.contains(&format!("{key}:"))).map(|i| doc.first_line + i + 1);
+                let key = field
+                    .rsplit('.')
+                    .next()
+                    .unwrap_or(field)
+                    .split('[')
+                    .next()
+                    .unwrap_or("");
+                *line = doc
+                    .text
+                    .lines()
+                    .position(|l| l.contains(&format!("{key}:")))
+                    .map(|i| doc.first_line + i + 1);
             }
             e
         })?;
@@ -394,7 +455,10 @@ impl Config {
 }
 
 /// Deserializes one document, tracking the field path for errors.
-fn deserialize_doc<T: serde::de::DeserializeOwned>(file: &str, doc: &Document<'_>) -> Result<T, ConfigError> {
+fn deserialize_doc<T: serde::de::DeserializeOwned>(
+    file: &str,
+    doc: &Document<'_>,
+) -> Result<T, ConfigError> {
     let de = serde_yaml::Deserializer::from_str(doc.text);
     serde_path_to_error::deserialize(de).map_err(|e| {
         let path = e.path().to_string();
@@ -402,7 +466,12 @@ fn deserialize_doc<T: serde::de::DeserializeOwned>(file: &str, doc: &Document<'_
     })
 }
 
-fn parse_error(file: &str, doc: &Document<'_>, path: Option<String>, e: serde_yaml::Error) -> ConfigError {
+fn parse_error(
+    file: &str,
+    doc: &Document<'_>,
+    path: Option<String>,
+    e: serde_yaml::Error,
+) -> ConfigError {
     let line = e.location().map(|l| doc.first_line + l.line());
     let mut field = path.unwrap_or_default();
     let mut message = e.to_string();
@@ -421,10 +490,19 @@ fn parse_error(file: &str, doc: &Document<'_>, path: Option<String>, e: serde_ya
     if let Some(rest) = message.strip_prefix("missing field `")
         && let Some(name) = rest.strip_suffix('`')
     {
-        field = if field.is_empty() || field == "." { name.to_string() } else { format!("{field}.{name}") };
+        field = if field.is_empty() || field == "." {
+            name.to_string()
+        } else {
+            format!("{field}.{name}")
+        };
         message = "missing field".into();
     }
-    ConfigError::Parse { file: file.into(), line, field, message }
+    ConfigError::Parse {
+        file: file.into(),
+        line,
+        field,
+        message,
+    }
 }
 
 /// 1-based line of the first non-blank, non-comment line of `doc`.
@@ -451,7 +529,9 @@ fn safe_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 253
         && !name.starts_with(['.', '-'])
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
 }
 
 fn validate_dataset(file: &str, doc: &Document<'_>, spec: &DatasetSpec) -> Result<(), ConfigError> {
@@ -462,41 +542,84 @@ fn validate_dataset(file: &str, doc: &Document<'_>, spec: &DatasetSpec) -> Resul
         message,
     };
     if spec.api_version != API_VERSION {
-        return Err(invalid("apiVersion", "apiVersion".into(), format!("unsupported apiVersion {:?}; this agent reads {API_VERSION}", spec.api_version)));
+        return Err(invalid(
+            "apiVersion",
+            "apiVersion".into(),
+            format!(
+                "unsupported apiVersion {:?}; this agent reads {API_VERSION}",
+                spec.api_version
+            ),
+        ));
     }
     if spec.kind != "Dataset" {
-        return Err(invalid("kind", "kind".into(), format!("unsupported kind {:?}; expected Dataset", spec.kind)));
+        return Err(invalid(
+            "kind",
+            "kind".into(),
+            format!("unsupported kind {:?}; expected Dataset", spec.kind),
+        ));
     }
     let name = &spec.metadata.name;
     if !safe_name(name) {
-        return Err(invalid("name", "metadata.name".into(), format!("dataset name {name:?} cannot be a directory name: use letters, digits, '-', '_' and '.', not starting with '.' or '-'")));
+        return Err(invalid(
+            "name",
+            "metadata.name".into(),
+            format!(
+                "dataset name {name:?} cannot be a directory name: use letters, digits, '-', '_' and '.', not starting with '.' or '-'"
+            ),
+        ));
     }
     if spec.spec.mounts.is_empty() {
-        return Err(invalid("mounts", "spec.mounts".into(), "a dataset needs at least one mount".into()));
+        return Err(invalid(
+            "mounts",
+            "spec.mounts".into(),
+            "a dataset needs at least one mount".into(),
+        ));
     }
     let mut mount_names = HashSet::new();
     for (i, m) in spec.spec.mounts.iter().enumerate() {
         let field = |f: &str| format!("spec.mounts[{i}].{f}");
         if m.name.is_empty() {
             if spec.spec.mounts.len() > 1 {
-                return Err(invalid(&m.mount_point, field("name"), "with several mounts each needs a name (its subdirectory)".into()));
+                return Err(invalid(
+                    &m.mount_point,
+                    field("name"),
+                    "with several mounts each needs a name (its subdirectory)".into(),
+                ));
             }
         } else if !safe_name(&m.name) {
-            return Err(invalid(&m.name, field("name"), format!("mount name {:?} cannot be a directory name: use letters, digits, '-', '_' and '.', not starting with '.' or '-'", m.name)));
+            return Err(invalid(
+                &m.name,
+                field("name"),
+                format!(
+                    "mount name {:?} cannot be a directory name: use letters, digits, '-', '_' and '.', not starting with '.' or '-'",
+                    m.name
+                ),
+            ));
         }
         if !mount_names.insert(m.name.as_str()) {
-            return Err(invalid(&m.name, field("name"), format!("mount name {:?} is used twice in dataset {name:?}", m.name)));
+            return Err(invalid(
+                &m.name,
+                field("name"),
+                format!("mount name {:?} is used twice in dataset {name:?}", m.name),
+            ));
         }
         if let Err(message) = crate::source::MountPoint::parse(&m.mount_point) {
             return Err(invalid(&m.mount_point, field("mountPoint"), message));
         }
         for (j, r) in m.secret_refs.iter().enumerate() {
             if r.env.is_some() == r.file.is_some() {
-                return Err(invalid(&r.key, format!("spec.mounts[{i}].secretRefs[{j}]"), format!("secret {:?}: give exactly one of `env` or `file`", r.key)));
+                return Err(invalid(
+                    &r.key,
+                    format!("spec.mounts[{i}].secretRefs[{j}]"),
+                    format!("secret {:?}: give exactly one of `env` or `file`", r.key),
+                ));
             }
         }
     }
-    spec.spec.cache.partition_config().map_err(|message| invalid("policy", "spec.cache.policy".into(), message))?;
+    spec.spec
+        .cache
+        .partition_config()
+        .map_err(|message| invalid("policy", "spec.cache.policy".into(), message))?;
     Ok(())
 }
 
@@ -506,16 +629,28 @@ impl DatasetCacheSpec {
         let policy = match self.policy.as_deref() {
             None | Some("general") => sluice_cache_engine::Policy::General,
             Some("epoch") => sluice_cache_engine::Policy::Epoch,
-            Some(other) => return Err(format!("unknown cache policy {other:?}: use general or epoch")),
+            Some(other) => {
+                return Err(format!(
+                    "unknown cache policy {other:?}: use general or epoch"
+                ));
+            }
         };
-        Ok(sluice_cache_engine::PartitionConfig { policy, quota: self.quota.map(|q| q.0) })
+        Ok(sluice_cache_engine::PartitionConfig {
+            policy,
+            quota: self.quota.map(|q| q.0),
+        })
     }
 }
 
 impl AgentConfig {
     /// Applies the `SLUICE_*` overrides found by `env` (see the module doc).
     pub fn apply_env(&mut self, env: impl Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
-        let size = |var: &str, v: &str| ByteSize::parse(v).map_err(|message| ConfigError::Env { var: var.into(), message });
+        let size = |var: &str, v: &str| {
+            ByteSize::parse(v).map_err(|message| ConfigError::Env {
+                var: var.into(),
+                message,
+            })
+        };
         if let Some(v) = env("SLUICE_MOUNT_ROOT") {
             self.mount_root = v.into();
         }
@@ -538,30 +673,53 @@ impl AgentConfig {
             self.block_size = size("SLUICE_BLOCK_SIZE", &v)?;
         }
         // "Empty disables it", whichever way the empty value arrived.
-        if self.metrics_addr.as_deref().is_some_and(|a| a.trim().is_empty()) {
+        if self
+            .metrics_addr
+            .as_deref()
+            .is_some_and(|a| a.trim().is_empty())
+        {
             self.metrics_addr = None;
         }
         Ok(())
     }
 
     fn validate(&self, file: &str) -> Result<(), ConfigError> {
-        let invalid = |field: String, message: String| ConfigError::Invalid { file: file.into(), line: None, field, message };
+        let invalid = |field: String, message: String| ConfigError::Invalid {
+            file: file.into(),
+            line: None,
+            field,
+            message,
+        };
         if self.block_size.0 == 0 {
-            return Err(invalid("agent.blockSize".into(), "must be more than 0".into()));
+            return Err(invalid(
+                "agent.blockSize".into(),
+                "must be more than 0".into(),
+            ));
         }
-        self.cache.engine_kind().map_err(|m| invalid("agent.cache.engine".into(), m))?;
+        self.cache
+            .engine_kind()
+            .map_err(|m| invalid("agent.cache.engine".into(), m))?;
         for (i, d) in self.cache.disks.iter().enumerate() {
-            for (name, w) in [("highWatermark", d.high_watermark), ("lowWatermark", d.low_watermark)] {
+            for (name, w) in [
+                ("highWatermark", d.high_watermark),
+                ("lowWatermark", d.low_watermark),
+            ] {
                 if let Some(w) = w
                     && !(w > 0.0 && w <= 1.0)
                 {
-                    return Err(invalid(format!("agent.cache.disks[{i}].{name}"), format!("{w} is not in (0, 1]")));
+                    return Err(invalid(
+                        format!("agent.cache.disks[{i}].{name}"),
+                        format!("{w} is not in (0, 1]"),
+                    ));
                 }
             }
             if let (Some(h), Some(l)) = (d.high_watermark, d.low_watermark)
                 && l > h
             {
-                return Err(invalid(format!("agent.cache.disks[{i}].lowWatermark"), format!("{l} is above highWatermark {h}")));
+                return Err(invalid(
+                    format!("agent.cache.disks[{i}].lowWatermark"),
+                    format!("{l} is above highWatermark {h}"),
+                ));
             }
         }
         Ok(())
@@ -594,7 +752,9 @@ impl AgentCacheConfig {
             "auto" | "" => Ok(sluice_cache_engine::EngineKind::Auto),
             "io_uring" | "io-uring" | "iouring" => Ok(sluice_cache_engine::EngineKind::IoUring),
             "psync" => Ok(sluice_cache_engine::EngineKind::Psync),
-            other => Err(format!("unknown engine {other:?}: use auto, io_uring or psync")),
+            other => Err(format!(
+                "unknown engine {other:?}: use auto, io_uring or psync"
+            )),
         }
     }
 }

@@ -36,7 +36,11 @@ impl Source for TimedSource {
         self.metrics.source_request(self.inner.id(), start);
         r
     }
-    async fn read(&self, object: &ObjectInfo, range: std::ops::Range<u64>) -> Result<Bytes, SourceError> {
+    async fn read(
+        &self,
+        object: &ObjectInfo,
+        range: std::ops::Range<u64>,
+    ) -> Result<Bytes, SourceError> {
         let start = Instant::now();
         let r = self.inner.read(object, range).await;
         self.metrics.source_request(self.inner.id(), start);
@@ -61,20 +65,28 @@ fn parse_interval(s: &str) -> Option<Duration> {
 
 /// Runs the agent in the foreground until SIGTERM or SIGINT.
 pub async fn run(config_path: &Path) -> Result<()> {
-    let config = Config::load(config_path).with_context(|| format!("loading {}", config_path.display()))?;
+    let config =
+        Config::load(config_path).with_context(|| format!("loading {}", config_path.display()))?;
     let agent = config.agent.clone();
     // Two agents on one kept FUSE connection would answer each other's requests.
     if std::os::unix::net::UnixStream::connect(&agent.admin_socket).is_ok() {
-        anyhow::bail!("an agent is already running on {}: stop it first", agent.admin_socket.display());
+        anyhow::bail!(
+            "an agent is already running on {}: stop it first",
+            agent.admin_socket.display()
+        );
     }
     std::fs::create_dir_all(&agent.state_dir)
         .with_context(|| format!("creating stateDir {}", agent.state_dir.display()))?;
 
     let builder = agent.cache_builder().map_err(anyhow::Error::msg)?;
-    let cache = tokio::task::spawn_blocking(move || builder.open()).await?.context("opening the cache")?;
+    let cache = tokio::task::spawn_blocking(move || builder.open())
+        .await?
+        .context("opening the cache")?;
     let engine = cache.engine();
     match &engine.fallback_reason {
-        Some(why) => tracing::warn!(engine = ?engine.kind, fallback_reason = %why, "cache engine (fallback)"),
+        Some(why) => {
+            tracing::warn!(engine = ?engine.kind, fallback_reason = %why, "cache engine (fallback)")
+        }
         None => tracing::info!(engine = ?engine.kind, "cache engine"),
     }
 
@@ -85,13 +97,25 @@ pub async fn run(config_path: &Path) -> Result<()> {
         for m in &mut ds.mounts {
             *m = DatasetMount {
                 name: m.name.clone(),
-                source: Arc::new(TimedSource { inner: m.source.clone(), metrics: metrics.clone() }),
+                source: Arc::new(TimedSource {
+                    inner: m.source.clone(),
+                    metrics: metrics.clone(),
+                }),
             };
         }
         let ds = Arc::new(ds);
-        let meta_path = agent.state_dir.join("meta").join(format!("{}.json", ds.name));
+        let meta_path = agent
+            .state_dir
+            .join("meta")
+            .join(format!("{}.json", ds.name));
         let tree = match Tree::load(&meta_path) {
-            Ok(Some(t)) if t.mounts.len() == ds.mounts.len() && t.mounts.iter().zip(&ds.mounts).all(|(a, b)| a.name == b.name) => {
+            Ok(Some(t))
+                if t.mounts.len() == ds.mounts.len()
+                    && t.mounts
+                        .iter()
+                        .zip(&ds.mounts)
+                        .all(|(a, b)| a.name == b.name) =>
+            {
                 tracing::info!(dataset = %ds.name, path = %meta_path.display(), "metadata loaded from stateDir (no listing)");
                 t
             }
@@ -129,16 +153,26 @@ pub async fn run(config_path: &Path) -> Result<()> {
     let pool = Arc::new(crate::fuse::pool::ReadPool::new(4)?);
     let mut mounted: Vec<MountedDataset> = Vec::new();
     for d in &served {
-        let fs = DatasetFs::new(d.dataset.clone(), d.meta.clone(), pool.clone(), metrics.clone());
+        let fs = DatasetFs::new(
+            d.dataset.clone(),
+            d.meta.clone(),
+            pool.clone(),
+            metrics.clone(),
+        );
         let mp = d.mount_point.clone();
         let st = store.clone();
-        let m = tokio::task::spawn_blocking(move || crate::fuse::serve(fs, &mp, st.as_ref())).await??;
+        let m =
+            tokio::task::spawn_blocking(move || crate::fuse::serve(fs, &mp, st.as_ref())).await??;
         tracing::info!(dataset = %d.dataset.name, resumed = m.resumed, "serving");
         let _ = d.notifier.set(m.notifier());
         mounted.push(m);
     }
 
-    let state = Arc::new(AdminState { cache: cache.clone(), datasets: served.clone(), pool: pool.clone() });
+    let state = Arc::new(AdminState {
+        cache: cache.clone(),
+        datasets: served.clone(),
+        pool: pool.clone(),
+    });
     let mut tasks = Vec::new();
     tasks.push(tokio::spawn({
         let (path, state) = (agent.admin_socket.clone(), state.clone());
@@ -158,7 +192,9 @@ pub async fn run(config_path: &Path) -> Result<()> {
         }));
     }
     for (d, spec) in served.iter().zip(&config.datasets) {
-        let Some(every) = spec.spec.cache.refresh_interval.as_deref() else { continue };
+        let Some(every) = spec.spec.cache.refresh_interval.as_deref() else {
+            continue;
+        };
         let Some(every) = parse_interval(every) else {
             tracing::warn!(dataset = %d.dataset.name, value = every, "unusable refreshInterval (use e.g. 30s, 10m, 1h)");
             continue;

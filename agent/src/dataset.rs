@@ -4,8 +4,9 @@
 //! front end asks for `(mount, object, offset, len)` and gets bytes; block keys, single-flight
 //! fetches and the per-dataset counters live here.
 
-use std::sync::Arc;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use bytes::{Bytes, BytesMut};
 use sluice_cache_engine::{Cache, Key, Origin, Partition};
@@ -20,13 +21,59 @@ pub struct DatasetMount {
     pub source: Arc<dyn Source>,
 }
 
-/// Bytes served per origin, for `sluice status` and metrics.
+/// Bytes handed to readers per origin, and bytes fetched from the sources, for
+/// `sluice status` and metrics. `source` counts what readers got that was not cached;
+/// `fetched` what the sources sent (more than `source` when readers skip parts of blocks).
 #[derive(Debug, Default)]
 pub struct ServedBytes {
     pub memory: AtomicU64,
     pub disk: AtomicU64,
     pub source: AtomicU64,
+    pub fetched: AtomicU64,
 }
+
+/// Blocks fetched lately that the cache did not admit (an epoch partition at its quota).
+/// The kernel reads a file in `max_read` requests, several per block: without this, each
+/// request for an uncached block would fetch the whole block again. FIFO, bounded in
+/// entries (one or two per reader in flight) and bytes.
+#[derive(Debug)]
+struct RecentBlocks {
+    entries: usize,
+    budget: u64,
+    state: Mutex<(HashMap<Key, Bytes>, VecDeque<Key>, u64)>,
+}
+
+impl RecentBlocks {
+    fn new(entries: usize, budget: u64) -> RecentBlocks {
+        RecentBlocks {
+            entries,
+            budget,
+            state: Mutex::new((HashMap::new(), VecDeque::new(), 0)),
+        }
+    }
+
+    fn get(&self, key: &Key) -> Option<Bytes> {
+        self.state.lock().unwrap().0.get(key).cloned()
+    }
+
+    fn put(&self, key: Key, value: Bytes) {
+        let mut guard = self.state.lock().unwrap();
+        let (map, order, bytes) = &mut *guard;
+        if value.len() as u64 > self.budget || map.contains_key(&key) {
+            return;
+        }
+        while *bytes + value.len() as u64 > self.budget || order.len() >= self.entries {
+            let Some(old) = order.pop_front() else { break };
+            *bytes -= map.remove(&old).map_or(0, |v| v.len() as u64);
+        }
+        *bytes += value.len() as u64;
+        map.insert(key, value);
+        order.push_back(key);
+    }
+}
+
+/// How many fetched-but-not-admitted blocks a dataset keeps for the rest of their reads.
+const RECENT_BLOCKS: usize = 16;
 
 /// A dataset ready to serve.
 #[derive(Debug)]
@@ -36,22 +83,40 @@ pub struct Dataset {
     pub block_size: u64,
     pub cache: Partition,
     pub served: ServedBytes,
+    recent: RecentBlocks,
 }
 
 /// Why a dataset read failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
     #[error("dataset {dataset}: {source}")]
-    Source { dataset: String, #[source] source: Arc<SourceError> },
-    #[error("dataset {dataset}: source returned {got} bytes for block {block} of {key}, expected {want}")]
-    ShortBlock { dataset: String, key: String, block: u64, got: usize, want: u64 },
+    Source {
+        dataset: String,
+        #[source]
+        source: Arc<SourceError>,
+    },
+    #[error(
+        "dataset {dataset}: source returned {got} bytes for block {block} of {key}, expected {want}"
+    )]
+    ShortBlock {
+        dataset: String,
+        key: String,
+        block: u64,
+        got: usize,
+        want: u64,
+    },
 }
 
 /// Why a dataset could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
     #[error("dataset {dataset}, mount {mount:?}: {source}")]
-    Mount { dataset: String, mount: String, #[source] source: Box<SourceError> },
+    Mount {
+        dataset: String,
+        mount: String,
+        #[source]
+        source: Box<SourceError>,
+    },
     #[error("dataset {dataset}: {message}")]
     Invalid { dataset: String, message: String },
 }
@@ -63,15 +128,24 @@ impl Dataset {
         let name = spec.metadata.name.clone();
         let mut mounts = Vec::with_capacity(spec.spec.mounts.len());
         for m in &spec.spec.mounts {
-            let source = crate::source::open(m)
-                .map_err(|source| OpenError::Mount { dataset: name.clone(), mount: m.name.clone(), source: Box::new(source) })?;
-            mounts.push(DatasetMount { name: m.name.clone(), source });
+            let source = crate::source::open(m).map_err(|source| OpenError::Mount {
+                dataset: name.clone(),
+                mount: m.name.clone(),
+                source: Box::new(source),
+            })?;
+            mounts.push(DatasetMount {
+                name: m.name.clone(),
+                source,
+            });
         }
-        let partition = spec
-            .spec
-            .cache
-            .partition_config()
-            .map_err(|message| OpenError::Invalid { dataset: name.clone(), message })?;
+        let partition =
+            spec.spec
+                .cache
+                .partition_config()
+                .map_err(|message| OpenError::Invalid {
+                    dataset: name.clone(),
+                    message,
+                })?;
         Dataset::from_mounts(name, mounts, partition, cache, block_size)
     }
 
@@ -84,10 +158,22 @@ impl Dataset {
         block_size: u64,
     ) -> Result<Dataset, OpenError> {
         if block_size == 0 {
-            return Err(OpenError::Invalid { dataset: name, message: "block size must be more than 0".into() });
+            return Err(OpenError::Invalid {
+                dataset: name,
+                message: "block size must be more than 0".into(),
+            });
         }
         let cache = cache.partition(&name, partition);
-        Ok(Dataset { name, mounts, block_size, cache, served: ServedBytes::default() })
+        // Enough for each of a DataLoader's readers to finish the block it is in.
+        let recent = RecentBlocks::new(RECENT_BLOCKS, RECENT_BLOCKS as u64 * block_size);
+        Ok(Dataset {
+            name,
+            mounts,
+            block_size,
+            cache,
+            served: ServedBytes::default(),
+            recent,
+        })
     }
 
     /// The cache key of block `index` of `object` in `mount`: source identity, object key,
@@ -110,17 +196,34 @@ impl Dataset {
         start..(start + self.block_size).min(object.size)
     }
 
-    /// Block `index` of `object`, from the cache or fetched once from the source.
-    pub async fn read_block(&self, mount: usize, object: &ObjectInfo, index: u64) -> Result<Bytes, ReadError> {
+    /// Block `index` of `object`, from the cache or fetched once from the source, and where
+    /// it came from.
+    async fn block(
+        &self,
+        mount: usize,
+        object: &ObjectInfo,
+        index: u64,
+    ) -> Result<(Bytes, Origin), ReadError> {
         let key = self.block_key(mount, object, index);
+        if let Some(value) = self.recent.get(&key) {
+            return Ok((value, Origin::Fetch));
+        }
         let range = self.block_range(object, index);
         let want = range.end - range.start;
         let source = self.mounts[mount].source.clone();
+        let fetched = &self.served.fetched;
         let lookup = self
             .cache
-            .get_or_fetch(key, || async move { source.read(object, range).await })
+            .get_or_fetch(key, || async move {
+                let value = source.read(object, range).await?;
+                fetched.fetch_add(value.len() as u64, Ordering::Relaxed);
+                Ok(value)
+            })
             .await
-            .map_err(|source| ReadError::Source { dataset: self.name.clone(), source })?;
+            .map_err(|source| ReadError::Source {
+                dataset: self.name.clone(),
+                source,
+            })?;
         if lookup.value.len() as u64 != want {
             return Err(ReadError::ShortBlock {
                 dataset: self.name.clone(),
@@ -130,17 +233,42 @@ impl Dataset {
                 want,
             });
         }
-        let counter = match lookup.origin {
+        if lookup.origin == Origin::Fetch && !self.cache.contains(&key) {
+            self.recent.put(key, lookup.value.clone());
+        }
+        Ok((lookup.value, lookup.origin))
+    }
+
+    /// Counts `n` bytes handed to a reader from `origin`.
+    fn count(&self, origin: Origin, n: usize) {
+        let counter = match origin {
             Origin::Memory => &self.served.memory,
             Origin::Disk => &self.served.disk,
             Origin::Fetch => &self.served.source,
         };
-        counter.fetch_add(want, Ordering::Relaxed);
-        Ok(lookup.value)
+        counter.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// Block `index` of `object` whole (preloading), counted as served.
+    pub async fn read_block(
+        &self,
+        mount: usize,
+        object: &ObjectInfo,
+        index: u64,
+    ) -> Result<Bytes, ReadError> {
+        let (value, origin) = self.block(mount, object, index).await?;
+        self.count(origin, value.len());
+        Ok(value)
     }
 
     /// `len` bytes of `object` from `offset` (fewer at the end of the object).
-    pub async fn read(&self, mount: usize, object: &ObjectInfo, offset: u64, len: u64) -> Result<Bytes, ReadError> {
+    pub async fn read(
+        &self,
+        mount: usize,
+        object: &ObjectInfo,
+        offset: u64,
+        len: u64,
+    ) -> Result<Bytes, ReadError> {
         let end = (offset + len).min(object.size);
         if offset >= end {
             return Ok(Bytes::new());
@@ -148,16 +276,18 @@ impl Dataset {
         let first = offset / self.block_size;
         let last = (end - 1) / self.block_size;
         if first == last {
-            let block = self.read_block(mount, object, first).await?;
+            let (block, origin) = self.block(mount, object, first).await?;
             let base = first * self.block_size;
+            self.count(origin, (end - offset) as usize);
             return Ok(block.slice((offset - base) as usize..(end - base) as usize));
         }
         let mut out = BytesMut::with_capacity((end - offset) as usize);
         for index in first..=last {
-            let block = self.read_block(mount, object, index).await?;
+            let (block, origin) = self.block(mount, object, index).await?;
             let base = index * self.block_size;
             let from = offset.saturating_sub(base) as usize;
             let to = ((end - base) as usize).min(block.len());
+            self.count(origin, to - from);
             out.extend_from_slice(&block[from..to]);
         }
         Ok(out.freeze())

@@ -72,10 +72,13 @@ fn generate(data: &Path, files: usize, rng: &mut Rng) -> Result<(usize, u64)> {
     let mut total = 0u64;
     let mut buf = vec![0u8; 1 << 20];
     for i in 0..files {
-        let class = data.join("train").join(format!("n{:08}", 1_440_764 + (i % 100) as u64));
+        let class = data
+            .join("train")
+            .join(format!("n{:08}", 1_440_764 + (i % 100) as u64));
         std::fs::create_dir_all(&class)?;
         // Lognormal around 110 KiB, like ImageNet JPEGs.
-        let size = ((110.0 * 1024.0) * (0.6 * rng.normal()).exp()).clamp(2048.0, (1 << 20) as f64) as usize;
+        let size = ((110.0 * 1024.0) * (0.6 * rng.normal()).exp()).clamp(2048.0, (1 << 20) as f64)
+            as usize;
         rng.fill(&mut buf[..size]);
         std::fs::write(class.join(format!("img_{i:05}.JPEG")), &buf[..size])?;
         total += size as u64;
@@ -121,12 +124,17 @@ fn epoch(files: &[PathBuf], rng: &mut Rng) -> Result<(u64, f64)> {
                     loop {
                         let i = next.fetch_add(1, Ordering::Relaxed);
                         let Some(&f) = order.get(i) else { return Ok(n) };
-                        n += std::fs::read(&files[f]).with_context(|| format!("reading {}", files[f].display()))?.len() as u64;
+                        n += std::fs::read(&files[f])
+                            .with_context(|| format!("reading {}", files[f].display()))?
+                            .len() as u64;
                     }
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().expect("reader thread")).sum()
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("reader thread"))
+            .sum()
     })?;
     Ok((bytes, started.elapsed().as_secs_f64()))
 }
@@ -134,17 +142,28 @@ fn epoch(files: &[PathBuf], rng: &mut Rng) -> Result<(u64, f64)> {
 /// Runs the demo with `files` small files.
 pub fn run(files: usize) -> Result<()> {
     if !nix::unistd::geteuid().is_root() {
-        bail!("sluice demo mounts a FUSE filesystem and needs root: run `sudo sluice demo` (or `cargo xtask demo` as root)");
+        bail!(
+            "sluice demo mounts a FUSE filesystem and needs root: run `sudo sluice demo` (or `cargo xtask demo` as root)"
+        );
     }
     if !Path::new("/dev/fuse").exists() {
-        bail!("sluice demo needs /dev/fuse: load the module (`modprobe fuse`) or, in a container, pass --device /dev/fuse --cap-add SYS_ADMIN");
+        bail!(
+            "sluice demo needs /dev/fuse: load the module (`modprobe fuse`) or, in a container, pass --device /dev/fuse --cap-add SYS_ADMIN"
+        );
     }
     let dir = std::env::temp_dir().join(format!("sluice-demo-{}", std::process::id()));
-    let mut env = DemoEnv { mount: dir.join("mnt").join("demo"), dir: dir.clone(), agent: None };
+    let mut env = DemoEnv {
+        mount: dir.join("mnt").join("demo"),
+        dir: dir.clone(),
+        agent: None,
+    };
     let data = dir.join("data");
     let mut rng = Rng(0x5eed_1234_abcd_0001);
 
-    print!("making an ImageNet-like dataset ({files} files in 100 classes + one 64 MiB shard) in {} … ", data.display());
+    print!(
+        "making an ImageNet-like dataset ({files} files in 100 classes + one 64 MiB shard) in {} … ",
+        data.display()
+    );
     std::io::stdout().flush()?;
     let (n, total) = generate(&data, files, &mut rng)?;
     println!("{n} files, {}", human_bytes(total));
@@ -175,7 +194,10 @@ pub fn run(files: usize) -> Result<()> {
             .spawn()
             .context("starting the agent")?,
     );
-    let addr = AgentAddr { config: None, admin_socket: Some(socket) };
+    let addr = AgentAddr {
+        config: None,
+        admin_socket: Some(socket),
+    };
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         if crate::cli::status::fetch(&addr).is_ok() {
@@ -186,7 +208,10 @@ pub fn run(files: usize) -> Result<()> {
             bail!("the agent exited ({status}) before it was ready:\n{log}");
         }
         if Instant::now() > deadline {
-            bail!("the agent did not become ready in 60 s; its log is in {}", dir.join("agent.log").display());
+            bail!(
+                "the agent did not become ready in 60 s; its log is in {}",
+                dir.join("agent.log").display()
+            );
         }
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -203,11 +228,29 @@ pub fn run(files: usize) -> Result<()> {
     let (b1, s1) = epoch(&paths, &mut rng)?;
     drop_caches();
     let (b2, s2) = epoch(&paths, &mut rng)?;
-    let rate = |b: u64, s: f64| format!("{}/s, {:.0} files/s", human_bytes((b as f64 / s) as u64), paths.len() as f64 / s);
-    println!("cold epoch: {} in {s1:.2}s  ({})", human_bytes(b1), rate(b1, s1));
-    println!("warm epoch: {} in {s2:.2}s  ({})  = {:.1}x cold", human_bytes(b2), rate(b2, s2), s1 / s2.max(1e-9));
+    let rate = |b: u64, s: f64| {
+        format!(
+            "{}/s, {:.0} files/s",
+            human_bytes((b as f64 / s) as u64),
+            paths.len() as f64 / s
+        )
+    };
+    println!(
+        "cold epoch: {} in {s1:.2}s  ({})",
+        human_bytes(b1),
+        rate(b1, s1)
+    );
+    println!(
+        "warm epoch: {} in {s2:.2}s  ({})  = {:.1}x cold",
+        human_bytes(b2),
+        rate(b2, s2),
+        s1 / s2.max(1e-9)
+    );
     println!();
-    print!("{}", crate::cli::status::table(&crate::cli::status::fetch(&addr)?));
+    print!(
+        "{}",
+        crate::cli::status::table(&crate::cli::status::fetch(&addr)?)
+    );
     drop(env);
     println!("cleaned up (unmounted, removed {})", dir.display());
     Ok(())

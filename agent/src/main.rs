@@ -14,7 +14,10 @@ use cli::{Cli, Command};
 fn init_logs() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
 }
 
 fn main() -> anyhow::Result<()> {
@@ -22,10 +25,16 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Agent { config } => {
             init_logs();
-            let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
             rt.block_on(daemon::run(&config))
         }
-        Command::Load { target, metadata_only, agent } => cli::load::run(&agent, &target, metadata_only),
+        Command::Load {
+            target,
+            metadata_only,
+            agent,
+        } => cli::load::run(&agent, &target, metadata_only),
         Command::Status { json, agent } => cli::status::run(&agent, json),
         Command::Demo { files } => demo::run(files),
         Command::Fdstore { socket } => Ok(fuse::fdstore::run_keeper(&socket)?),

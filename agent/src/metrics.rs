@@ -29,6 +29,7 @@ pub struct Metrics {
     fuse_op_seconds: Family<Labels, Histogram, fn() -> Histogram>,
     source_request_seconds: Family<Labels, Histogram, fn() -> Histogram>,
     served_bytes: Family<Labels, Counter>,
+    fetched_bytes: Family<Labels, Counter>,
     cache_hits: Family<Labels, Counter>,
     cache_misses: Family<Labels, Counter>,
     cache_bytes: Family<Labels, Gauge>,
@@ -51,25 +52,57 @@ impl Metrics {
     /// A registry with every family registered.
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("sluice");
-        let fuse_op_seconds = Family::<Labels, Histogram, fn() -> Histogram>::new_with_constructor(latency_histogram as fn() -> Histogram);
-        let source_request_seconds = Family::<Labels, Histogram, fn() -> Histogram>::new_with_constructor(latency_histogram as fn() -> Histogram);
+        let fuse_op_seconds = Family::<Labels, Histogram, fn() -> Histogram>::new_with_constructor(
+            latency_histogram as fn() -> Histogram,
+        );
+        let source_request_seconds =
+            Family::<Labels, Histogram, fn() -> Histogram>::new_with_constructor(
+                latency_histogram as fn() -> Histogram,
+            );
         let served_bytes = Family::<Labels, Counter>::default();
+        let fetched_bytes = Family::<Labels, Counter>::default();
         let cache_hits = Family::<Labels, Counter>::default();
         let cache_misses = Family::<Labels, Counter>::default();
         let cache_bytes = Family::<Labels, Gauge>::default();
         let cache_capacity_bytes = Family::<Labels, Gauge>::default();
-        registry.register("fuse_op_seconds", "FUSE operation latency by opcode", fuse_op_seconds.clone());
-        registry.register("source_request_seconds", "Latency of source (object store) requests", source_request_seconds.clone());
-        registry.register("served_bytes", "Bytes served per dataset and origin (memory, disk, source)", served_bytes.clone());
+        registry.register(
+            "fuse_op_seconds",
+            "FUSE operation latency by opcode",
+            fuse_op_seconds.clone(),
+        );
+        registry.register(
+            "source_request_seconds",
+            "Latency of source (object store) requests",
+            source_request_seconds.clone(),
+        );
+        registry.register(
+            "served_bytes",
+            "Bytes served per dataset and origin (memory, disk, source)",
+            served_bytes.clone(),
+        );
+        registry.register(
+            "source_fetched_bytes",
+            "Bytes fetched from the sources per dataset",
+            fetched_bytes.clone(),
+        );
         registry.register("cache_hits", "Cache hits per tier", cache_hits.clone());
         registry.register("cache_misses", "Cache misses", cache_misses.clone());
-        registry.register("cache_usage_bytes", "Bytes held per cache tier", cache_bytes.clone());
-        registry.register("cache_capacity_bytes", "Capacity per cache tier", cache_capacity_bytes.clone());
+        registry.register(
+            "cache_usage_bytes",
+            "Bytes held per cache tier",
+            cache_bytes.clone(),
+        );
+        registry.register(
+            "cache_capacity_bytes",
+            "Capacity per cache tier",
+            cache_capacity_bytes.clone(),
+        );
         Metrics {
             registry,
             fuse_op_seconds,
             source_request_seconds,
             served_bytes,
+            fetched_bytes,
             cache_hits,
             cache_misses,
             cache_bytes,
@@ -96,14 +129,26 @@ impl Metrics {
         let stats = cache.stats();
         let tier = |t: &str| vec![("tier".to_string(), t.to_string())];
         let set_counter = |c: &Counter, v: u64| c.inner().store(v, Ordering::Relaxed);
-        set_counter(&self.cache_hits.get_or_create(&tier("memory")), stats.memory.hits);
-        self.cache_bytes.get_or_create(&tier("memory")).set(stats.memory.bytes as i64);
-        self.cache_capacity_bytes.get_or_create(&tier("memory")).set(stats.memory.capacity as i64);
+        set_counter(
+            &self.cache_hits.get_or_create(&tier("memory")),
+            stats.memory.hits,
+        );
+        self.cache_bytes
+            .get_or_create(&tier("memory"))
+            .set(stats.memory.bytes as i64);
+        self.cache_capacity_bytes
+            .get_or_create(&tier("memory"))
+            .set(stats.memory.capacity as i64);
         let mut disk_hits = 0;
         for (path, t) in &stats.disks {
-            let l = vec![("tier".to_string(), "disk".to_string()), ("path".to_string(), path.display().to_string())];
+            let l = vec![
+                ("tier".to_string(), "disk".to_string()),
+                ("path".to_string(), path.display().to_string()),
+            ];
             self.cache_bytes.get_or_create(&l).set(t.bytes as i64);
-            self.cache_capacity_bytes.get_or_create(&l).set(t.capacity as i64);
+            self.cache_capacity_bytes
+                .get_or_create(&l)
+                .set(t.capacity as i64);
             disk_hits += t.hits;
         }
         set_counter(&self.cache_hits.get_or_create(&tier("disk")), disk_hits);
@@ -115,9 +160,20 @@ impl Metrics {
                 ("disk", &ds.served.disk),
                 ("source", &ds.served.source),
             ] {
-                let l = vec![("dataset".to_string(), ds.name.clone()), ("origin".to_string(), origin.to_string())];
-                set_counter(&self.served_bytes.get_or_create(&l), v.load(Ordering::Relaxed));
+                let l = vec![
+                    ("dataset".to_string(), ds.name.clone()),
+                    ("origin".to_string(), origin.to_string()),
+                ];
+                set_counter(
+                    &self.served_bytes.get_or_create(&l),
+                    v.load(Ordering::Relaxed),
+                );
             }
+            let l = vec![("dataset".to_string(), ds.name.clone())];
+            set_counter(
+                &self.fetched_bytes.get_or_create(&l),
+                ds.served.fetched.load(Ordering::Relaxed),
+            );
         }
         let mut out = String::new();
         encode(&mut out, &self.registry).expect("encoding to a String cannot fail");

@@ -44,14 +44,25 @@ impl Secret {
         let key = reference.key.clone();
         let value = match (&reference.env, &reference.file) {
             (Some(var), None) => {
-                let raw = env(var).ok_or_else(|| SecretError::EnvMissing { key: key.clone(), var: var.clone() })?;
-                raw.into_string().map_err(|_| SecretError::NotUtf8 { key: key.clone(), from: format!("environment variable {var}") })?
+                let raw = env(var).ok_or_else(|| SecretError::EnvMissing {
+                    key: key.clone(),
+                    var: var.clone(),
+                })?;
+                raw.into_string().map_err(|_| SecretError::NotUtf8 {
+                    key: key.clone(),
+                    from: format!("environment variable {var}"),
+                })?
             }
             (None, Some(path)) => {
-                let bytes = std::fs::read(path)
-                    .map_err(|source| SecretError::File { key: key.clone(), path: path.clone(), source })?;
-                let text = String::from_utf8(bytes)
-                    .map_err(|_| SecretError::NotUtf8 { key: key.clone(), from: format!("file {}", path.display()) })?;
+                let bytes = std::fs::read(path).map_err(|source| SecretError::File {
+                    key: key.clone(),
+                    path: path.clone(),
+                    source,
+                })?;
+                let text = String::from_utf8(bytes).map_err(|_| SecretError::NotUtf8 {
+                    key: key.clone(),
+                    from: format!("file {}", path.display()),
+                })?;
                 // Files written by `echo` or Kubernetes secret volumes often end in a newline.
                 text.trim_end_matches(['\n', '\r']).to_string()
             }
@@ -92,7 +103,12 @@ pub enum SecretError {
     #[error("secret {key}: environment variable {var} is not set")]
     EnvMissing { key: String, var: String },
     #[error("secret {key}: cannot read file {path}: {source}")]
-    File { key: String, path: PathBuf, #[source] source: std::io::Error },
+    File {
+        key: String,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("secret {key}: {from} is empty")]
     Empty { key: String, from: String },
     #[error("secret {key}: {from} is not valid UTF-8")]
@@ -164,10 +180,15 @@ impl<M> RedactingWriter<M> {
     }
 }
 
-impl<'a, M: tracing_subscriber::fmt::MakeWriter<'a>> tracing_subscriber::fmt::MakeWriter<'a> for RedactingWriter<M> {
+impl<'a, M: tracing_subscriber::fmt::MakeWriter<'a>> tracing_subscriber::fmt::MakeWriter<'a>
+    for RedactingWriter<M>
+{
     type Writer = RedactingLine<M::Writer>;
     fn make_writer(&'a self) -> Self::Writer {
-        RedactingLine { inner: self.inner.make_writer(), buf: Vec::new() }
+        RedactingLine {
+            inner: self.inner.make_writer(),
+            buf: Vec::new(),
+        }
     }
 }
 
@@ -223,7 +244,10 @@ mod tests {
         let s = Secret::new("hunter2-very-secret");
         assert_eq!(format!("{s:?} {s}"), "*** ***");
         assert_eq!(redact("token=hunter2-very-secret&x=1"), "token=***&x=1");
-        assert_eq!(redact("token=hunter2%2Dvery-secret").as_ref(), "token=hunter2%2Dvery-secret");
+        assert_eq!(
+            redact("token=hunter2%2Dvery-secret").as_ref(),
+            "token=hunter2%2Dvery-secret"
+        );
         Secret::new("a/b+c=");
         assert_eq!(redact("k=a%2Fb%2Bc%3D"), "k=***");
     }

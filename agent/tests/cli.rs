@@ -10,10 +10,18 @@ use harness::{BIN, Env};
 fn status_without_agent_says_how_to_start_one() {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("admin.sock");
-    let out = std::process::Command::new(BIN).args(["status", "--admin-socket"]).arg(&sock).output().unwrap();
+    let out = std::process::Command::new(BIN)
+        .args(["status", "--admin-socket"])
+        .arg(&sock)
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains(&format!("no agent at {}", sock.display())) && err.contains("sluice agent --config"), "{err}");
+    assert!(
+        err.contains(&format!("no agent at {}", sock.display()))
+            && err.contains("sluice agent --config"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -43,9 +51,15 @@ fn status_json_reflects_cached_bytes_after_a_read_and_load_fills_the_rest() {
     assert!(ok, "{err}");
     assert!(out.contains("ds: loaded"), "{out}");
     let loaded = status(&env);
-    assert!(loaded["datasets"][0]["cachedBytes"].as_u64().unwrap() >= total, "{loaded}");
+    assert!(
+        loaded["datasets"][0]["cachedBytes"].as_u64().unwrap() >= total,
+        "{loaded}"
+    );
     let (ok, out, _) = env.cli(&["status", "--admin-socket", &sock]);
-    assert!(ok && out.contains("DATASET") && out.contains("100.0%"), "{out}");
+    assert!(
+        ok && out.contains("DATASET") && out.contains("100.0%"),
+        "{out}"
+    );
 
     let (ok, _, err) = env.cli(&["load", "nosuch", "--admin-socket", &sock]);
     assert!(!ok && err.contains("no dataset \"nosuch\""), "{err}");
@@ -54,9 +68,16 @@ fn status_json_reflects_cached_bytes_after_a_read_and_load_fills_the_rest() {
 #[test]
 fn demo_runs_end_to_end() {
     require_fuse!();
-    let out = std::process::Command::new(BIN).args(["demo", "--files", "300"]).output().unwrap();
+    let out = std::process::Command::new(BIN)
+        .args(["demo", "--files", "300"])
+        .output()
+        .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for want in ["cold epoch:", "warm epoch:", "DATASET", "cleaned up"] {
         assert!(stdout.contains(want), "missing {want:?} in:\n{stdout}");
     }
@@ -79,12 +100,21 @@ fn load_metadata_only_refreshes_the_listing_and_the_kernel_sees_changes() {
     std::thread::sleep(std::time::Duration::from_millis(1100)); // a new mtime
     std::fs::write(env.source(&changed), &new_bytes).unwrap();
     std::fs::write(env.source("added.txt"), b"new file").unwrap();
-    assert_eq!(std::fs::read(env.served(&changed)).unwrap(), old, "served from the listing until a refresh");
+    assert_eq!(
+        std::fs::read(env.served(&changed)).unwrap(),
+        old,
+        "served from the listing until a refresh"
+    );
 
     let (ok, out, err) = env.cli(&["load", "ds", "--metadata-only", "--admin-socket", &sock]);
     assert!(ok, "{err}");
     assert!(out.contains("metadata refreshed"), "{out}");
     assert_eq!(std::fs::read(env.served("added.txt")).unwrap(), b"new file");
     assert_eq!(std::fs::read(env.served(&changed)).unwrap(), new_bytes);
-    assert_eq!(std::fs::metadata(env.served(&gone)).unwrap_err().raw_os_error(), Some(libc::ENOENT));
+    assert_eq!(
+        std::fs::metadata(env.served(&gone))
+            .unwrap_err()
+            .raw_os_error(),
+        Some(libc::ENOENT)
+    );
 }

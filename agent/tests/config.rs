@@ -44,7 +44,11 @@ fn a_full_file_parses_into_agent_and_datasets() {
     let c = Config::parse(GOOD).unwrap();
     assert_eq!(c.agent.cache.memory, ByteSize(2 << 30));
     assert_eq!(c.agent.cache.disks[0].capacity, ByteSize(500 << 30));
-    let names: Vec<_> = c.datasets.iter().map(|d| d.metadata.name.as_str()).collect();
+    let names: Vec<_> = c
+        .datasets
+        .iter()
+        .map(|d| d.metadata.name.as_str())
+        .collect();
     assert_eq!(names, ["imagenet", "coco"]);
     let imagenet = &c.datasets[0];
     assert_eq!(imagenet.spec.mounts[1].name, "val");
@@ -59,16 +63,29 @@ fn a_missing_field_names_file_line_and_field_path() {
     let text = "apiVersion: sluice.io/v1alpha1\nkind: Dataset\nmetadata: { name: x }\nspec:\n  mounts:\n    - name: a\n      options: {}\n";
     let e = err(text);
     assert!(e.starts_with("config.yaml line "), "{e}");
-    assert!(e.contains("spec.mounts[0].mountPoint: missing field"), "{e}");
+    assert!(
+        e.contains("spec.mounts[0].mountPoint: missing field"),
+        "{e}"
+    );
 }
 
 #[test]
 fn a_value_of_the_wrong_type_points_at_its_line() {
     // Line 13 of the second document is the bad quota.
-    let text = GOOD.replace("cache: { policy: epoch, quota: 100GiB }", "cache: { policy: epoch, quota: [1, 2] }");
-    let line = text.lines().position(|l| l.contains("quota: [1, 2]")).unwrap() + 1;
+    let text = GOOD.replace(
+        "cache: { policy: epoch, quota: 100GiB }",
+        "cache: { policy: epoch, quota: [1, 2] }",
+    );
+    let line = text
+        .lines()
+        .position(|l| l.contains("quota: [1, 2]"))
+        .unwrap()
+        + 1;
     let e = err(&text);
-    assert!(e.contains(&format!("line {line}:")), "want line {line}: {e}");
+    assert!(
+        e.contains(&format!("line {line}:")),
+        "want line {line}: {e}"
+    );
     assert!(e.contains("spec.cache.quota"), "{e}");
 }
 
@@ -93,7 +110,10 @@ fn load_names_the_file() {
     let path = dir.path().join("sluice.yaml");
     std::fs::write(&path, "agent:\n  blockSize: lots\n").unwrap();
     let e = Config::load(&path).unwrap_err().to_string();
-    assert!(e.starts_with(&format!("{} line 2: agent.blockSize", path.display())), "{e}");
+    assert!(
+        e.starts_with(&format!("{} line 2: agent.blockSize", path.display())),
+        "{e}"
+    );
     let e = Config::load(dir.path().join("absent.yaml")).unwrap_err();
     assert!(matches!(e, ConfigError::Read { .. }), "{e}");
 }
@@ -116,7 +136,10 @@ fn dataset_and_mount_names_must_be_unique_and_safe_directory_names() {
     assert!(e.contains("defined twice"), "{e}");
     for bad in ["\"../etc\"", "\"a/b\"", "\".hidden\"", "\"\""] {
         let e = err(&GOOD.replace("name: coco", &format!("name: {bad}")));
-        assert!(e.contains("metadata.name") && e.contains("directory name"), "{bad}: {e}");
+        assert!(
+            e.contains("metadata.name") && e.contains("directory name"),
+            "{bad}: {e}"
+        );
     }
     let e = err(&GOOD.replace("name: val", "name: train"));
     assert!(e.contains("used twice"), "{e}");
@@ -132,7 +155,10 @@ fn cache_policy_and_watermarks_are_checked() {
     assert!(e.contains("highWatermark") && e.contains("(0, 1]"), "{e}");
     assert!(e.contains("line 9:"), "{e}");
     let e = err("agent:\n  cache: { memory: 1 Zib }\n");
-    assert_eq!(e, "config.yaml line 2: agent.cache.memory: invalid size unit \"zib\" in \"1 Zib\": use B, KiB, MiB, GiB, TiB (or K, M, G, T)");
+    assert_eq!(
+        e,
+        "config.yaml line 2: agent.cache.memory: invalid size unit \"zib\" in \"1 Zib\": use B, KiB, MiB, GiB, TiB (or K, M, G, T)"
+    );
     let e = err(&GOOD.replace("lowWatermark: 0.8", "lowWatermark: 0"));
     assert!(e.contains("lowWatermark"), "{e}");
 }
@@ -147,8 +173,14 @@ fn api_version_and_kind_are_checked() {
 
 #[test]
 fn a_secret_ref_needs_exactly_one_source() {
-    let e = err(&GOOD.replace("{ key: accessKeyId, env: AWS_ACCESS_KEY_ID }", "{ key: accessKeyId }"));
-    assert!(e.contains("secretRefs[0]") && e.contains("exactly one"), "{e}");
+    let e = err(&GOOD.replace(
+        "{ key: accessKeyId, env: AWS_ACCESS_KEY_ID }",
+        "{ key: accessKeyId }",
+    ));
+    assert!(
+        e.contains("secretRefs[0]") && e.contains("exactly one"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -167,13 +199,20 @@ fn environment_overrides_win_over_the_file() {
     assert_eq!(c.agent.metrics_addr, None, "empty disables metrics");
     assert_eq!(c.agent.admin_socket.to_str(), Some("/tmp/s.sock"));
     assert_eq!(c.agent.cache.memory, ByteSize(8 << 30));
-    let e = Config::parse_with_env("f.yaml", GOOD, |v| (v == "SLUICE_CACHE_MEMORY").then(|| "lots".into())).unwrap_err();
+    let e = Config::parse_with_env("f.yaml", GOOD, |v| {
+        (v == "SLUICE_CACHE_MEMORY").then(|| "lots".into())
+    })
+    .unwrap_err();
     assert!(e.to_string().contains("SLUICE_CACHE_MEMORY"), "{e}");
 }
 
 #[test]
 fn a_file_with_only_datasets_gets_agent_defaults() {
-    let text = GOOD.split("---\n").skip(1).collect::<Vec<_>>().join("---\n");
+    let text = GOOD
+        .split("---\n")
+        .skip(1)
+        .collect::<Vec<_>>()
+        .join("---\n");
     let c = Config::parse(&text).unwrap();
     assert_eq!(c.datasets.len(), 2);
     assert_eq!(c.agent.block_size, ByteSize(4 << 20));

@@ -35,11 +35,20 @@ fn every_file_reads_back_byte_exact_and_listings_match() {
     let mut env = Env::new(200, &[10 << 20, (3 << 20) + 12345], "1MiB");
     env.start_agent();
 
-    assert_eq!(tree(&env.mount().join("m")), tree(&env.dir.path().join("data")), "readdir/stat differ from the source");
+    assert_eq!(
+        tree(&env.mount().join("m")),
+        tree(&env.dir.path().join("data")),
+        "readdir/stat differ from the source"
+    );
     for rel in &env.files {
         let got = std::fs::read(env.served(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"));
         let want = std::fs::read(env.source(rel)).unwrap();
-        assert!(got == want, "{rel}: {} bytes served differ from the source's {}", got.len(), want.len());
+        assert!(
+            got == want,
+            "{rel}: {} bytes served differ from the source's {}",
+            got.len(),
+            want.len()
+        );
     }
     // Reads at odd offsets across block boundaries.
     use std::os::unix::fs::FileExt;
@@ -53,11 +62,20 @@ fn every_file_reads_back_byte_exact_and_listings_match() {
     let err = std::fs::metadata(env.mount().join("m/nope")).unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::ENOENT));
     let err = std::fs::write(env.served("class00/new"), b"x").unwrap_err();
-    assert!(matches!(err.raw_os_error(), Some(libc::EROFS) | Some(libc::EACCES)), "{err}");
+    assert!(
+        matches!(err.raw_os_error(), Some(libc::EROFS) | Some(libc::EACCES)),
+        "{err}"
+    );
     assert!(env.stop_agent().success());
-    assert!(!harness_mounted(&env.mount()), "clean shutdown left the mount behind");
+    assert!(
+        !harness_mounted(&env.mount()),
+        "clean shutdown left the mount behind"
+    );
 }
 
 fn harness_mounted(p: &Path) -> bool {
-    std::fs::read_to_string("/proc/self/mountinfo").unwrap().lines().any(|l| l.split(' ').nth(4) == Some(&*p.to_string_lossy()))
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .any(|l| l.split(' ').nth(4) == Some(&*p.to_string_lossy()))
 }

@@ -65,7 +65,10 @@ impl Env {
     /// A dataset `ds` with one mount `m` over a generated directory: `small` files of 1-300
     /// KiB in 10 directories, plus files of the given large sizes.
     pub fn new(small: usize, large: &[usize], block_size: &str) -> Env {
-        let dir = tempfile::Builder::new().prefix("sluice-test-").tempdir().unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix("sluice-test-")
+            .tempdir()
+            .unwrap();
         let data = dir.path().join("data");
         let mut rng = Rng(0x1234_5678 ^ small as u64);
         let mut files = Vec::new();
@@ -96,7 +99,12 @@ impl Env {
             ),
         )
         .unwrap();
-        Env { dir, agents: Vec::new(), started: 0, files }
+        Env {
+            dir,
+            agents: Vec::new(),
+            started: 0,
+            files,
+        }
     }
 
     pub fn config(&self) -> PathBuf {
@@ -137,7 +145,11 @@ impl Env {
             if let Ok(Some(st)) = self.agents.last_mut().unwrap().try_wait() {
                 panic!("agent exited with {st}:\n{}", self.log(n));
             }
-            assert!(Instant::now() < deadline, "agent not ready in 30 s:\n{}", self.log(n));
+            assert!(
+                Instant::now() < deadline,
+                "agent not ready in 30 s:\n{}",
+                self.log(n)
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
         self.agents.last_mut().unwrap()
@@ -168,7 +180,11 @@ impl Env {
     /// SIGTERMs the latest agent and waits for it to exit.
     pub fn stop_agent(&mut self) -> std::process::ExitStatus {
         let mut child = self.agents.pop().unwrap();
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
         child.wait().unwrap()
     }
 
@@ -184,7 +200,11 @@ impl Env {
     /// Runs the `sluice` CLI with args; returns (success, stdout, stderr).
     pub fn cli(&self, args: &[&str]) -> (bool, String, String) {
         let out = Command::new(BIN).args(args).output().unwrap();
-        (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into(),
+            String::from_utf8_lossy(&out.stderr).into(),
+        )
     }
 }
 

@@ -16,7 +16,12 @@ async fn s3_dataset_reads_back_byte_exact_through_fuse() {
     s3.create_bucket("train").await;
     let mut env = Env::new(50, &[(5 << 20) + 777], "1MiB");
     for rel in &env.files {
-        s3.put("train", &format!("imagenet/{rel}"), std::fs::read(env.source(rel)).unwrap()).await;
+        s3.put(
+            "train",
+            &format!("imagenet/{rel}"),
+            std::fs::read(env.source(rel)).unwrap(),
+        )
+        .await;
     }
     let d = env.dir.path();
     std::fs::write(d.join("ak"), s3.access_key()).unwrap();
@@ -37,12 +42,20 @@ async fn s3_dataset_reads_back_byte_exact_through_fuse() {
         for rel in &env.files {
             let got = std::fs::read(env.served(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"));
             let want = std::fs::read(env.source(rel)).unwrap();
-            assert!(got == want, "{rel}: bytes differ ({} vs {})", got.len(), want.len());
+            assert!(
+                got == want,
+                "{rel}: bytes differ ({} vs {})",
+                got.len(),
+                want.len()
+            );
             listed.push(rel.split('/').next().unwrap().to_string());
         }
         listed.sort();
         listed.dedup();
-        let mut served: Vec<String> = std::fs::read_dir(env.mount().join("m")).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        let mut served: Vec<String> = std::fs::read_dir(env.mount().join("m"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
         served.sort();
         assert_eq!(served, listed);
         assert!(env.stop_agent().success());

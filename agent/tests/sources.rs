@@ -22,13 +22,19 @@ struct Secrets {
 
 impl Secrets {
     fn new() -> Secrets {
-        Secrets { dir: tempfile::tempdir().unwrap() }
+        Secrets {
+            dir: tempfile::tempdir().unwrap(),
+        }
     }
 
     fn file(&self, key: &str, value: &str) -> SecretRef {
         let path = self.dir.path().join(key);
         std::fs::write(&path, format!("{value}\n")).unwrap();
-        SecretRef { key: key.into(), env: None, file: Some(path) }
+        SecretRef {
+            key: key.into(),
+            env: None,
+            file: Some(path),
+        }
     }
 }
 
@@ -36,7 +42,10 @@ fn mount(mount_point: &str, options: &[(&str, &str)], secret_refs: Vec<SecretRef
     MountSpec {
         mount_point: mount_point.into(),
         name: String::new(),
-        options: options.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>(),
+        options: options
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect::<BTreeMap<_, _>>(),
         secret_refs,
     }
 }
@@ -45,21 +54,31 @@ fn s3_mount(s3: &SeaweedFs, secrets: &Secrets, url: &str, extra: &[(&str, &str)]
     let endpoint = s3.endpoint();
     let mut options = vec![("endpoint", endpoint.as_str())];
     options.extend_from_slice(extra);
-    mount(url, &options, vec![
-        secrets.file("accessKeyId", s3.access_key()),
-        secrets.file("secretAccessKey", s3.secret_key()),
-    ])
+    mount(
+        url,
+        &options,
+        vec![
+            secrets.file("accessKeyId", s3.access_key()),
+            secrets.file("secretAccessKey", s3.secret_key()),
+        ],
+    )
 }
 
 fn dataset_spec(name: &str, mounts: Vec<MountSpec>) -> DatasetSpec {
-    let yaml = format!("apiVersion: sluice.io/v1alpha1\nkind: Dataset\nmetadata: {{ name: {name} }}\nspec:\n  mounts: []\n");
+    let yaml = format!(
+        "apiVersion: sluice.io/v1alpha1\nkind: Dataset\nmetadata: {{ name: {name} }}\nspec:\n  mounts: []\n"
+    );
     let mut spec: DatasetSpec = serde_yaml::from_str(&yaml).unwrap();
     spec.spec.mounts = mounts;
     spec
 }
 
 fn cache() -> Cache {
-    CacheBuilder::new().memory_capacity(256 << 20).max_value_size(BLOCK).open().unwrap()
+    CacheBuilder::new()
+        .memory_capacity(256 << 20)
+        .max_value_size(BLOCK)
+        .open()
+        .unwrap()
 }
 
 /// Deterministic, position-dependent bytes, different per `seed`.
@@ -76,7 +95,10 @@ fn content(seed: u64, len: usize) -> Vec<u8> {
 }
 
 fn find<'a>(objects: &'a [ObjectInfo], key: &str) -> &'a ObjectInfo {
-    objects.iter().find(|o| o.key == key).unwrap_or_else(|| panic!("{key} not listed in {objects:?}"))
+    objects
+        .iter()
+        .find(|o| o.key == key)
+        .unwrap_or_else(|| panic!("{key} not listed in {objects:?}"))
 }
 
 fn source_error(e: &ReadError) -> &SourceError {
@@ -103,15 +125,22 @@ async fn every_object_of_a_generated_dataset_reads_back_byte_for_byte() {
     }
     // Outside the mount's prefix, and a sibling prefix that shares its first letters.
     s3.put("data", "other/x.bin", b"not mine".to_vec()).await;
-    s3.put("data", "dsx/y.bin", b"not mine either".to_vec()).await;
+    s3.put("data", "dsx/y.bin", b"not mine either".to_vec())
+        .await;
 
     let secrets = Secrets::new();
-    let spec = dataset_spec("generated", vec![s3_mount(&s3, &secrets, "s3://data/ds", &[])]);
+    let spec = dataset_spec(
+        "generated",
+        vec![s3_mount(&s3, &secrets, "s3://data/ds", &[])],
+    );
     let cache = cache();
     let dataset = Dataset::open(&spec, &cache, BLOCK).unwrap();
     let objects = dataset.mounts[0].source.list().await.unwrap();
     let keys: Vec<&str> = objects.iter().map(|o| o.key.as_str()).collect();
-    assert_eq!(keys, expected.keys().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(
+        keys,
+        expected.keys().map(String::as_str).collect::<Vec<_>>()
+    );
 
     for object in &objects {
         let want = &expected[&object.key];
@@ -125,7 +154,14 @@ async fn every_object_of_a_generated_dataset_reads_back_byte_for_byte() {
     let big = find(&objects, "train/class0/img6.bin");
     let got = dataset.read(0, big, 60_000, 80_000).await.unwrap();
     assert!(got[..] == expected["train/class0/img6.bin"][60_000..140_000]);
-    assert!(dataset.served.memory.load(std::sync::atomic::Ordering::Relaxed) > 0, "second read should hit the cache");
+    assert!(
+        dataset
+            .served
+            .memory
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 0,
+        "second read should hit the cache"
+    );
 }
 
 #[tokio::test]
@@ -148,16 +184,29 @@ async fn an_object_changed_after_listing_fails_and_never_mixes_bytes() {
     s3.put("chg", "f.bin", content(3, 200_000)).await;
 
     let err = dataset.read(0, &f, 0, f.size).await.unwrap_err();
-    assert!(matches!(source_error(&err), SourceError::Changed { .. }), "{err}");
-    assert!(err.to_string().contains("f.bin") && err.to_string().contains("changed"), "{err}");
+    assert!(
+        matches!(source_error(&err), SourceError::Changed { .. }),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("f.bin") && err.to_string().contains("changed"),
+        "{err}"
+    );
     // Straight from the source too, block by block.
-    let err = dataset.mounts[0].source.read(&f, 0..1000).await.unwrap_err();
+    let err = dataset.mounts[0]
+        .source
+        .read(&f, 0..1000)
+        .await
+        .unwrap_err();
     assert!(matches!(err, SourceError::Changed { .. }), "{err}");
 
     let gone = find(&objects, "gone.bin").clone();
     s3.delete("chg", "gone.bin").await;
     let err = dataset.read(0, &gone, 0, gone.size).await.unwrap_err();
-    assert!(matches!(source_error(&err), SourceError::NotFound { .. }), "{err}");
+    assert!(
+        matches!(source_error(&err), SourceError::NotFound { .. }),
+        "{err}"
+    );
     assert!(err.to_string().contains("gone.bin"), "{err}");
 
     // After a re-list the new version reads fine.
@@ -174,34 +223,57 @@ async fn wrong_credentials_are_unauthorized_and_the_secret_is_not_shown() {
     s3.put("auth", "x", b"x".to_vec()).await;
     let secrets = Secrets::new();
     let wrong = "wrong-secret-Zq8v1Ty3";
-    let spec = mount("s3://auth", &[("endpoint", &s3.endpoint())], vec![
-        secrets.file("accessKeyId", s3.access_key()),
-        secrets.file("secretAccessKey", wrong),
-    ]);
+    let spec = mount(
+        "s3://auth",
+        &[("endpoint", &s3.endpoint())],
+        vec![
+            secrets.file("accessKeyId", s3.access_key()),
+            secrets.file("secretAccessKey", wrong),
+        ],
+    );
     let source = source::open(&spec).unwrap();
     let err = source.list().await.unwrap_err();
     assert!(matches!(err, SourceError::Unauthorized { .. }), "{err}");
     let shown = format!("{err} {err:?}");
     assert!(shown.contains("secretRefs"), "no hint in {shown}");
-    assert!(!shown.contains(wrong) && !shown.contains(s3.secret_key()), "secret in {shown}");
+    assert!(
+        !shown.contains(wrong) && !shown.contains(s3.secret_key()),
+        "secret in {shown}"
+    );
 }
 
 #[tokio::test]
 async fn an_unreachable_endpoint_is_a_clear_error_within_seconds() {
     let port = support::free_port();
     let secrets = Secrets::new();
-    let spec = mount("s3://bucket/p", &[("endpoint", &format!("http://127.0.0.1:{port}"))], vec![
-        secrets.file("accessKeyId", "AKIDEXAMPLE"),
-        secrets.file("secretAccessKey", "not-a-real-secret-0"),
-    ]);
+    let spec = mount(
+        "s3://bucket/p",
+        &[("endpoint", &format!("http://127.0.0.1:{port}"))],
+        vec![
+            secrets.file("accessKeyId", "AKIDEXAMPLE"),
+            secrets.file("secretAccessKey", "not-a-real-secret-0"),
+        ],
+    );
     let source = source::open(&spec).unwrap();
     let started = Instant::now();
     let err = source.list().await.unwrap_err();
-    assert!(started.elapsed() < Duration::from_secs(6), "took {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(6),
+        "took {:?}",
+        started.elapsed()
+    );
     assert!(matches!(err, SourceError::Unreachable { .. }), "{err}");
-    assert!(err.to_string().to_lowercase().contains("connection refused"), "{err}");
+    assert!(
+        err.to_string()
+            .to_lowercase()
+            .contains("connection refused"),
+        "{err}"
+    );
     let msg = err.to_string();
-    assert!(msg.contains(&format!("127.0.0.1:{port}")), "endpoint not named: {msg}");
+    assert!(
+        msg.contains(&format!("127.0.0.1:{port}")),
+        "endpoint not named: {msg}"
+    );
 }
 
 #[tokio::test]
@@ -211,10 +283,14 @@ async fn a_source_that_stops_answering_mid_read_times_out_within_the_bound() {
     s3.put("slow", "big.bin", content(7, 2 << 20)).await;
     let proxy = StallProxy::start(([127, 0, 0, 1], s3.port()).into()).await;
     let secrets = Secrets::new();
-    let spec = mount("s3://slow", &[("endpoint", &proxy.endpoint()), ("requestTimeout", "2s")], vec![
-        secrets.file("accessKeyId", s3.access_key()),
-        secrets.file("secretAccessKey", s3.secret_key()),
-    ]);
+    let spec = mount(
+        "s3://slow",
+        &[("endpoint", &proxy.endpoint()), ("requestTimeout", "2s")],
+        vec![
+            secrets.file("accessKeyId", s3.access_key()),
+            secrets.file("secretAccessKey", s3.secret_key()),
+        ],
+    );
     let source = source::open(&spec).unwrap();
     let objects = source.list().await.unwrap();
     let big = find(&objects, "big.bin");
@@ -224,13 +300,18 @@ async fn a_source_that_stops_answering_mid_read_times_out_within_the_bound() {
     let err = source.read(big, 0..big.size).await.unwrap_err();
     let took = started.elapsed();
     assert!(matches!(err, SourceError::Timeout { .. }), "{err}");
-    assert!(took >= Duration::from_millis(1900) && took < Duration::from_secs(5), "took {took:?}");
+    assert!(
+        took >= Duration::from_millis(1900) && took < Duration::from_secs(5),
+        "took {took:?}"
+    );
     assert!(err.to_string().contains("big.bin"), "{err}");
 }
 
 #[tokio::test]
 async fn hostile_keys_never_appear_as_escaping_paths() {
-    let Some(moto) = MotoServer::start() else { return };
+    let Some(moto) = MotoServer::start() else {
+        return;
+    };
     moto.create_bucket("hostile");
     let good = ["ok/file.bin", "top.bin", "dir/sub/x"];
     for k in good {
@@ -244,24 +325,37 @@ async fn hostile_keys_never_appear_as_escaping_paths() {
     eprintln!("key with NUL stored by moto: {nul_stored}");
     // moto checks no signature but refuses anonymous GETs of private objects: sign.
     let secrets = Secrets::new();
-    let spec = mount("s3://hostile", &[("endpoint", &moto.endpoint())], vec![
-        secrets.file("accessKeyId", "testing"),
-        secrets.file("secretAccessKey", "testing-secret"),
-    ]);
+    let spec = mount(
+        "s3://hostile",
+        &[("endpoint", &moto.endpoint())],
+        vec![
+            secrets.file("accessKeyId", "testing"),
+            secrets.file("secretAccessKey", "testing-secret"),
+        ],
+    );
     let source = source::open(&spec).unwrap();
     let (captured, _guard) = capture_logs();
     let objects = source.list().await.unwrap();
     let logs = captured.text();
     // The store really held them, and each was skipped with a warning naming it.
     for k in ["a/../b", "a//b", "./x", "dir/./y", "../escape"] {
-        assert!(logs.contains(&format!("key={k} ")) || logs.contains(&format!("key={k}\n")), "no warning for {k:?}: {logs}");
+        assert!(
+            logs.contains(&format!("key={k} ")) || logs.contains(&format!("key={k}\n")),
+            "no warning for {k:?}: {logs}"
+        );
     }
     if nul_stored {
-        assert!(logs.contains("nul\\0key"), "no warning for the NUL key: {logs}");
+        assert!(
+            logs.contains("nul\\0key"),
+            "no warning for the NUL key: {logs}"
+        );
     }
     let keys: Vec<&str> = objects.iter().map(|o| o.key.as_str()).collect();
     for k in &keys {
-        assert!(source::unsafe_reason(k).is_none(), "unsafe key listed: {k:?}");
+        assert!(
+            source::unsafe_reason(k).is_none(),
+            "unsafe key listed: {k:?}"
+        );
     }
     let mut want: Vec<&str> = good.to_vec();
     want.sort();
@@ -312,27 +406,56 @@ async fn a_secret_in_an_endpoint_url_is_redacted_from_errors_and_logs() {
     let (captured, _guard) = capture_logs();
 
     let secrets = Secrets::new();
-    let spec = mount("s3://bucket", &[("endpoint", &endpoint), ("maxRetries", "1")], vec![
-        secrets.file("accessKeyId", "AKIDEXAMPLE"),
-        secrets.file("secretAccessKey", "not-a-real-secret-1"),
-    ]);
+    let spec = mount(
+        "s3://bucket",
+        &[("endpoint", &endpoint), ("maxRetries", "1")],
+        vec![
+            secrets.file("accessKeyId", "AKIDEXAMPLE"),
+            secrets.file("secretAccessKey", "not-a-real-secret-1"),
+        ],
+    );
     let source = source::open(&spec).unwrap();
-    assert!(!source.id().contains(password) && !source.id().contains(token), "{}", source.id());
+    assert!(
+        !source.id().contains(password) && !source.id().contains(token),
+        "{}",
+        source.id()
+    );
     let err = source.list().await.unwrap_err();
     let shown = format!("{err} {err:?}");
-    assert!(!shown.contains(password) && !shown.contains(token), "secret in {shown}");
+    assert!(
+        !shown.contains(password) && !shown.contains(token),
+        "secret in {shown}"
+    );
     let logs = captured.text();
-    assert!(logs.contains("store request failed"), "nothing logged: {logs}");
-    assert!(!logs.contains(password) && !logs.contains(token), "secret in logs: {logs}");
+    assert!(
+        logs.contains("store request failed"),
+        "nothing logged: {logs}"
+    );
+    assert!(
+        !logs.contains(password) && !logs.contains(token),
+        "secret in logs: {logs}"
+    );
 }
 
 #[test]
 fn a_missing_or_empty_secret_names_the_reference_not_the_value() {
     let secrets = Secrets::new();
     let empty = secrets.file("secretAccessKey", "");
-    let missing_file = SecretRef { key: "secretAccessKey".into(), env: None, file: Some("/nonexistent/sluice-key".into()) };
-    let missing_env = SecretRef { key: "accessKeyId".into(), env: Some("SLUICE_TEST_SURELY_UNSET_VAR".into()), file: None };
-    for (r, needle) in [(empty, "is empty"), (missing_file, "/nonexistent/sluice-key"), (missing_env, "SLUICE_TEST_SURELY_UNSET_VAR")] {
+    let missing_file = SecretRef {
+        key: "secretAccessKey".into(),
+        env: None,
+        file: Some("/nonexistent/sluice-key".into()),
+    };
+    let missing_env = SecretRef {
+        key: "accessKeyId".into(),
+        env: Some("SLUICE_TEST_SURELY_UNSET_VAR".into()),
+        file: None,
+    };
+    for (r, needle) in [
+        (empty, "is empty"),
+        (missing_file, "/nonexistent/sluice-key"),
+        (missing_env, "SLUICE_TEST_SURELY_UNSET_VAR"),
+    ] {
         let spec = mount("s3://b", &[("endpoint", "http://127.0.0.1:1")], vec![r]);
         let err = source::open(&spec).unwrap_err().to_string();
         assert!(err.contains(needle), "{err}");
@@ -348,10 +471,16 @@ async fn a_local_directory_mount_lists_reads_and_notices_changes() {
     std::fs::write(root.join("train/cats/1.jpg"), content(1, 150_000)).unwrap();
     std::fs::write(root.join("train/cats/2.jpg"), content(2, 10)).unwrap();
     std::fs::write(root.join("labels.txt"), b"cat\n").unwrap();
-    let spec = dataset_spec("local", vec![mount(&format!("file://{}", root.display()), &[], vec![])]);
+    let spec = dataset_spec(
+        "local",
+        vec![mount(&format!("file://{}", root.display()), &[], vec![])],
+    );
     let cache = cache();
     let dataset = Dataset::open(&spec, &cache, BLOCK).unwrap();
-    assert_eq!(dataset.mounts[0].source.id(), format!("file://{}", root.display()));
+    assert_eq!(
+        dataset.mounts[0].source.id(),
+        format!("file://{}", root.display())
+    );
     let objects = dataset.mounts[0].source.list().await.unwrap();
     let keys: Vec<&str> = objects.iter().map(|o| o.key.as_str()).collect();
     assert_eq!(keys, ["labels.txt", "train/cats/1.jpg", "train/cats/2.jpg"]);
@@ -361,10 +490,18 @@ async fn a_local_directory_mount_lists_reads_and_notices_changes() {
     // Replaced with different bytes and size: the listed version no longer matches.
     std::thread::sleep(Duration::from_millis(20));
     std::fs::write(root.join("train/cats/1.jpg"), content(9, 150_001)).unwrap();
-    let err = dataset.mounts[0].source.read(&big, 0..100).await.unwrap_err();
+    let err = dataset.mounts[0]
+        .source
+        .read(&big, 0..100)
+        .await
+        .unwrap_err();
     assert!(matches!(err, SourceError::Changed { .. }), "{err}");
     std::fs::remove_file(root.join("labels.txt")).unwrap();
-    let err = dataset.mounts[0].source.read(find(&objects, "labels.txt"), 0..4).await.unwrap_err();
+    let err = dataset.mounts[0]
+        .source
+        .read(find(&objects, "labels.txt"), 0..4)
+        .await
+        .unwrap_err();
     assert!(matches!(err, SourceError::NotFound { .. }), "{err}");
 }
 
@@ -374,19 +511,39 @@ async fn max_concurrency_bounds_requests_in_flight() {
     use object_store::{ObjectStoreExt, PutPayload, memory::InMemory, path::Path};
     let inner = InMemory::new();
     for i in 0..6 {
-        inner.put(&Path::from(format!("f{i}")), PutPayload::from_static(b"0123456789")).await.unwrap();
+        inner
+            .put(
+                &Path::from(format!("f{i}")),
+                PutPayload::from_static(b"0123456789"),
+            )
+            .await
+            .unwrap();
     }
     // Every GET takes 200 ms: six at two at a time take three rounds.
-    let config = ThrottleConfig { wait_get_per_call: Duration::from_millis(200), ..Default::default() };
+    let config = ThrottleConfig {
+        wait_get_per_call: Duration::from_millis(200),
+        ..Default::default()
+    };
     let store = Arc::new(ThrottledStore::new(inner, config));
     let time_six_reads = |max_concurrency: usize| {
-        let limits = source::RequestLimits { max_concurrency, ..Default::default() };
-        let source = source::ObjectSource::from_store("mem://t".into(), "memory".into(), store.clone(), None, limits);
+        let limits = source::RequestLimits {
+            max_concurrency,
+            ..Default::default()
+        };
+        let source = source::ObjectSource::from_store(
+            "mem://t".into(),
+            "memory".into(),
+            store.clone(),
+            None,
+            limits,
+        );
         async move {
             let objects = source::Source::list(&source).await.unwrap();
             assert_eq!(objects.len(), 6);
             let started = Instant::now();
-            let reads = objects.iter().map(|o| source::Source::read(&source, o, 0..10));
+            let reads = objects
+                .iter()
+                .map(|o| source::Source::read(&source, o, 0..10));
             for r in futures::future::join_all(reads).await {
                 assert_eq!(&r.unwrap()[..], b"0123456789");
             }
@@ -395,6 +552,12 @@ async fn max_concurrency_bounds_requests_in_flight() {
     };
     let bounded = time_six_reads(2).await;
     let unbounded = time_six_reads(64).await;
-    assert!(bounded >= Duration::from_millis(590), "maxConcurrency 2: {bounded:?}");
-    assert!(unbounded < Duration::from_millis(400), "maxConcurrency 64: {unbounded:?}");
+    assert!(
+        bounded >= Duration::from_millis(590),
+        "maxConcurrency 2: {bounded:?}"
+    );
+    assert!(
+        unbounded < Duration::from_millis(400),
+        "maxConcurrency 64: {unbounded:?}"
+    );
 }

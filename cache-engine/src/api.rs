@@ -101,7 +101,12 @@ pub struct DiskConfig {
 impl DiskConfig {
     /// A directory with `capacity` bytes and the default watermarks (0.95 / 0.85).
     pub fn new(path: impl Into<PathBuf>, capacity: u64) -> Self {
-        DiskConfig { path: path.into(), capacity, high_watermark: 0.95, low_watermark: 0.85 }
+        DiskConfig {
+            path: path.into(),
+            capacity,
+            high_watermark: 0.95,
+            low_watermark: 0.85,
+        }
     }
 }
 
@@ -201,7 +206,12 @@ pub struct EngineChoice {
 pub enum OpenError {
     #[error("cache directory {path}: {reason}")]
     /// A disk tier directory is missing, unwritable, full or lacks O_DIRECT.
-    Directory { path: PathBuf, reason: String, #[source] source: Option<std::io::Error> },
+    Directory {
+        path: PathBuf,
+        reason: String,
+        #[source]
+        source: Option<std::io::Error>,
+    },
     #[error("invalid cache configuration: {0}")]
     /// A setting is out of range; the message says which.
     Config(String),
@@ -221,7 +231,11 @@ pub enum InsertError {
     QuotaReached { partition: String },
     #[error("disk tier {path}: {source}")]
     /// Writing to the disk tier failed (e.g. ENOSPC); the entry is not stored.
-    Io { path: PathBuf, #[source] source: std::io::Error },
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// Counters of one tier.
@@ -287,7 +301,10 @@ impl Cache {
     }
     /// The partition named "default" (general policy, no quota).
     pub fn default_partition(&self) -> Partition {
-        Partition { cache: self.clone(), id: 0 }
+        Partition {
+            cache: self.clone(),
+            id: 0,
+        }
     }
     /// The I/O engine chosen at open.
     pub fn engine(&self) -> EngineChoice {

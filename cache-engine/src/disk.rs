@@ -10,8 +10,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
@@ -61,8 +61,18 @@ pub(crate) type Recovered = Vec<(u32, Vec<Record>)>;
 
 /// A write the appender must run after releasing the state lock.
 pub(crate) enum Job {
-    Flush { seg: u32, start: u64, buf: Arc<AlignedBuf>, len: usize },
-    Seal { seg: u32, start: u64, buf: Arc<AlignedBuf>, len: usize },
+    Flush {
+        seg: u32,
+        start: u64,
+        buf: Arc<AlignedBuf>,
+        len: usize,
+    },
+    Seal {
+        seg: u32,
+        start: u64,
+        buf: Arc<AlignedBuf>,
+        len: usize,
+    },
 }
 
 /// Where an appended entry went and what the appender must do next.
@@ -103,11 +113,21 @@ pub(crate) struct Disk {
 }
 
 fn dir_error(path: &Path, reason: impl Into<String>, source: Option<io::Error>) -> OpenError {
-    OpenError::Directory { path: path.to_path_buf(), reason: reason.into(), source }
+    OpenError::Directory {
+        path: path.to_path_buf(),
+        reason: reason.into(),
+        source,
+    }
 }
 
 fn open_direct(path: &Path, create: bool) -> io::Result<File> {
-    OpenOptions::new().read(true).write(true).create(create).truncate(create).custom_flags(libc::O_DIRECT).open(path)
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(create)
+        .truncate(create)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
 }
 
 fn seg_path(dir: &Path, id: u32) -> PathBuf {
@@ -119,7 +139,10 @@ fn read_direct(file: &File, off: u64, len: usize) -> io::Result<AlignedBuf> {
     let mut buf = AlignedBuf::zeroed(len);
     let mut done = 0;
     while done < len {
-        match file.read_at(&mut buf[done..align_up(len as u64) as usize], off + done as u64) {
+        match file.read_at(
+            &mut buf[done..align_up(len as u64) as usize],
+            off + done as u64,
+        ) {
             Ok(0) => break,
             Ok(n) => done += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -131,7 +154,8 @@ fn read_direct(file: &File, off: u64, len: usize) -> io::Result<AlignedBuf> {
 
 /// Checks that `dir` exists (creating it), is writable and accepts O_DIRECT.
 fn check_directory(dir: &Path) -> Result<(), OpenError> {
-    std::fs::create_dir_all(dir).map_err(|e| dir_error(dir, "cannot create the directory", Some(e)))?;
+    std::fs::create_dir_all(dir)
+        .map_err(|e| dir_error(dir, "cannot create the directory", Some(e)))?;
     let probe = dir.join(".sluice-probe");
     let file = open_direct(&probe, true).map_err(|e| match e.raw_os_error() {
         Some(libc::EINVAL) => dir_error(dir, "the filesystem does not support O_DIRECT (tmpfs?); put the cache on a disk filesystem such as ext4 or xfs", Some(e)),
@@ -142,7 +166,11 @@ fn check_directory(dir: &Path) -> Result<(), OpenError> {
     let res = file.write_all_at(&page, 0);
     let _ = std::fs::remove_file(&probe);
     res.map_err(|e| match e.raw_os_error() {
-        Some(libc::EINVAL) => dir_error(dir, "the filesystem does not support O_DIRECT writes (tmpfs?)", Some(e)),
+        Some(libc::EINVAL) => dir_error(
+            dir,
+            "the filesystem does not support O_DIRECT writes (tmpfs?)",
+            Some(e),
+        ),
         Some(libc::ENOSPC) => dir_error(dir, "no space left on the device", Some(e)),
         _ => dir_error(dir, "cannot write", Some(e)),
     })
@@ -166,7 +194,10 @@ impl Disk {
             .filter_map(|e| e.ok())
             .filter_map(|e| {
                 let name = e.file_name().into_string().ok()?;
-                name.strip_prefix("seg-")?.strip_suffix(".dat")?.parse().ok()
+                name.strip_prefix("seg-")?
+                    .strip_suffix(".dat")?
+                    .parse()
+                    .ok()
             })
             .collect();
         ids.sort_unstable();
@@ -176,9 +207,19 @@ impl Disk {
             let path = seg_path(dir, seg);
             match recover_segment(&path) {
                 Ok(Some((file, records, bytes))) => {
-                    let fid = engine.add_file(&file).map_err(|e| dir_error(dir, "cannot register a segment file", Some(e)))?;
+                    let fid = engine
+                        .add_file(&file)
+                        .map_err(|e| dir_error(dir, "cannot register a segment file", Some(e)))?;
                     st.used += bytes;
-                    st.segs.insert(seg, SegInfo { file, id: fid, bytes, sealed: true });
+                    st.segs.insert(
+                        seg,
+                        SegInfo {
+                            file,
+                            id: fid,
+                            bytes,
+                            sealed: true,
+                        },
+                    );
                     found.push((seg, records));
                 }
                 Ok(None) => {
@@ -223,7 +264,9 @@ impl Disk {
         let low = (self.capacity as f64 * self.low) as u64;
         if st.used + need > high {
             while st.used + need > low {
-                let Some((&seg, _)) = st.segs.iter().find(|(_, s)| s.sealed) else { break };
+                let Some((&seg, _)) = st.segs.iter().find(|(_, s)| s.sealed) else {
+                    break;
+                };
                 let info = st.segs.remove(&seg).expect("segment listed");
                 st.used -= info.bytes;
                 self.engine.remove_file(info.id);
@@ -235,7 +278,10 @@ impl Disk {
         if st.used + need > self.capacity {
             return Err(io::Error::new(
                 io::ErrorKind::StorageFull,
-                format!("tier full: {} of {} bytes in segments and none can be evicted yet", st.used, self.capacity),
+                format!(
+                    "tier full: {} of {} bytes in segments and none can be evicted yet",
+                    st.used, self.capacity
+                ),
             ));
         }
         let seg = st.next_seg;
@@ -244,7 +290,14 @@ impl Disk {
         // Reserve the whole segment now: a full disk fails here, before any entry is
         // accepted into a segment that could not hold it.
         // SAFETY: fallocate(2) on a descriptor we own, with valid arguments.
-        let rc = unsafe { libc::fallocate(file.as_raw_fd(), libc::FALLOC_FL_KEEP_SIZE, 0, need as libc::off_t) };
+        let rc = unsafe {
+            libc::fallocate(
+                file.as_raw_fd(),
+                libc::FALLOC_FL_KEEP_SIZE,
+                0,
+                need as libc::off_t,
+            )
+        };
         if rc != 0 {
             let e = io::Error::last_os_error();
             let _ = std::fs::remove_file(&path);
@@ -260,15 +313,35 @@ impl Disk {
         st.next_seg += 1;
         let mut buf = AlignedBuf::zeroed(self.buf_size);
         segment::encode_segment_header(seg, &mut buf[..ALIGN]);
-        st.segs.insert(seg, SegInfo { file, id, bytes: need, sealed: false });
+        st.segs.insert(
+            seg,
+            SegInfo {
+                file,
+                id,
+                bytes: need,
+                sealed: false,
+            },
+        );
         st.used += need;
         st.building.insert(seg, Vec::new());
-        st.active = Some(Active { seg, buf, buf_start: 0, buf_len: DATA_START as usize });
+        st.active = Some(Active {
+            seg,
+            buf,
+            buf_start: 0,
+            buf_len: DATA_START as usize,
+        });
         Ok(())
     }
 
     /// Appends an entry (a tombstone when `flags` says so) to the active segment.
-    pub(crate) fn append(&self, key: Key, part: u16, flags: u16, value: &[u8], crc: u32) -> io::Result<Appended> {
+    pub(crate) fn append(
+        &self,
+        key: Key,
+        part: u16,
+        flags: u16,
+        value: &[u8],
+        crc: u32,
+    ) -> io::Result<Appended> {
         let len = value.len() as u64;
         let mut jobs = Vec::new();
         let mut victims = Vec::new();
@@ -284,8 +357,18 @@ impl Disk {
                 // Full: seal it (the tail buffer is written with the footer) and go on in a new one.
                 let a = st.active.take().expect("active segment");
                 let buf = Arc::new(a.buf);
-                st.pending.push(Pending { seg: a.seg, start: a.buf_start, buf: buf.clone(), len: a.buf_len });
-                jobs.push(Job::Seal { seg: a.seg, start: a.buf_start, buf, len: a.buf_len });
+                st.pending.push(Pending {
+                    seg: a.seg,
+                    start: a.buf_start,
+                    buf: buf.clone(),
+                    len: a.buf_len,
+                });
+                jobs.push(Job::Seal {
+                    seg: a.seg,
+                    start: a.buf_start,
+                    buf,
+                    len: a.buf_len,
+                });
                 continue;
             }
             if end - a.buf_start > self.buf_size as u64 {
@@ -296,19 +379,44 @@ impl Disk {
                 a.buf_len = 0;
                 let buf = Arc::new(full);
                 let wlen = align_up(blen as u64) as usize;
-                st.pending.push(Pending { seg, start, buf: buf.clone(), len: wlen });
-                jobs.push(Job::Flush { seg, start, buf, len: wlen });
+                st.pending.push(Pending {
+                    seg,
+                    start,
+                    buf: buf.clone(),
+                    len: wlen,
+                });
+                jobs.push(Job::Flush {
+                    seg,
+                    start,
+                    buf,
+                    len: wlen,
+                });
                 continue;
             }
-            let rec = Record { key, part, flags, value_off: value_off as u32, len: len as u32, crc };
+            let rec = Record {
+                key,
+                part,
+                flags,
+                value_off: value_off as u32,
+                len: len as u32,
+                crc,
+            };
             let h = (hdr_off - a.buf_start) as usize;
             a.buf[h..h + HEADER as usize].copy_from_slice(&segment::encode_header(&rec));
             let v = (value_off - a.buf_start) as usize;
             a.buf[v..v + value.len()].copy_from_slice(value);
             a.buf_len = (end - a.buf_start) as usize;
             let seg = a.seg;
-            st.building.get_mut(&seg).expect("building records").push(rec);
-            return Ok(Appended { seg, value_off, jobs, victims });
+            st.building
+                .get_mut(&seg)
+                .expect("building records")
+                .push(rec);
+            return Ok(Appended {
+                seg,
+                value_off,
+                jobs,
+                victims,
+            });
         }
     }
 
@@ -316,7 +424,12 @@ impl Disk {
     pub(crate) async fn run(&self, job: Job) -> Result<(), (io::Error, Vec<Record>)> {
         let _serial = self.flush_lock.lock().await;
         match job {
-            Job::Flush { seg, start, buf, len } => {
+            Job::Flush {
+                seg,
+                start,
+                buf,
+                len,
+            } => {
                 let file = self.state.lock().unwrap().segs.get(&seg).map(|s| s.id);
                 let res = match file {
                     Some(id) => self.engine.write(id, start, buf, len).await,
@@ -329,7 +442,8 @@ impl Disk {
                     let mut lost = Vec::new();
                     if let Some(recs) = st.building.get_mut(&seg) {
                         recs.retain(|r| {
-                            let inside = (r.value_off as u64) >= start && (r.value_off as u64) < end;
+                            let inside =
+                                (r.value_off as u64) >= start && (r.value_off as u64) < end;
                             if inside {
                                 lost.push(*r);
                             }
@@ -339,10 +453,18 @@ impl Disk {
                     (e, lost)
                 })
             }
-            Job::Seal { seg, start, buf, len } => {
+            Job::Seal {
+                seg,
+                start,
+                buf,
+                len,
+            } => {
                 let (file, records) = {
                     let mut st = self.state.lock().unwrap();
-                    (st.segs.get(&seg).map(|s| s.id), st.building.remove(&seg).unwrap_or_default())
+                    (
+                        st.segs.get(&seg).map(|s| s.id),
+                        st.building.remove(&seg).unwrap_or_default(),
+                    )
                 };
                 let (footer_off, tail) = segment::encode_tail(&records, start + len as u64);
                 let data_len = (footer_off - start) as usize;
@@ -372,7 +494,10 @@ impl Disk {
                         Ok(())
                     }
                     Err(e) => {
-                        let lost = records.into_iter().filter(|r| r.value_off as u64 >= start).collect();
+                        let lost = records
+                            .into_iter()
+                            .filter(|r| r.value_off as u64 >= start)
+                            .collect();
                         if let Some(info) = st.segs.get_mut(&seg) {
                             info.sealed = true; // evictable; recovery will rescan it
                         }
@@ -388,8 +513,18 @@ impl Disk {
         let mut st = self.state.lock().unwrap();
         let a = st.active.take()?;
         let buf = Arc::new(a.buf);
-        st.pending.push(Pending { seg: a.seg, start: a.buf_start, buf: buf.clone(), len: a.buf_len });
-        Some(Job::Seal { seg: a.seg, start: a.buf_start, buf, len: a.buf_len })
+        st.pending.push(Pending {
+            seg: a.seg,
+            start: a.buf_start,
+            buf: buf.clone(),
+            len: a.buf_len,
+        });
+        Some(Job::Seal {
+            seg: a.seg,
+            start: a.buf_start,
+            buf,
+            len: a.buf_len,
+        })
     }
 
     /// Reads the value at `value_off` of segment `seg`.
@@ -407,7 +542,10 @@ impl Disk {
                 };
             }
             for p in &st.pending {
-                if p.seg == seg && value_off >= p.start && value_off + len as u64 <= p.start + p.len as u64 {
+                if p.seg == seg
+                    && value_off >= p.start
+                    && value_off + len as u64 <= p.start + p.len as u64
+                {
                     let v = (value_off - p.start) as usize;
                     return ReadOutcome::Value(Bytes::copy_from_slice(&p.buf[v..v + len]));
                 }
@@ -422,11 +560,19 @@ impl Disk {
         match self.engine.read(id, start, (end - start) as usize).await {
             Ok(b) => {
                 let v = (value_off - start) as usize;
-                if b.len() < v + len { ReadOutcome::Short } else { ReadOutcome::Value(b.slice(v..v + len)) }
+                if b.len() < v + len {
+                    ReadOutcome::Short
+                } else {
+                    ReadOutcome::Value(b.slice(v..v + len))
+                }
             }
             Err(e) if e.raw_os_error() == Some(libc::EBADF) => ReadOutcome::Gone,
             Err(e) => {
-                if self.state.lock().unwrap().segs.contains_key(&seg) { ReadOutcome::Failed(e) } else { ReadOutcome::Gone }
+                if self.state.lock().unwrap().segs.contains_key(&seg) {
+                    ReadOutcome::Failed(e)
+                } else {
+                    ReadOutcome::Gone
+                }
             }
         }
     }

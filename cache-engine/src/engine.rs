@@ -82,7 +82,10 @@ pub(crate) struct Inner {
 impl Inner {
     fn part(&self, id: u16) -> Arc<PartState> {
         let parts = self.parts.read().unwrap();
-        parts.get(id as usize).cloned().unwrap_or_else(|| parts[0].clone())
+        parts
+            .get(id as usize)
+            .cloned()
+            .unwrap_or_else(|| parts[0].clone())
     }
 
     fn add(&self, part: u16, len: u64) {
@@ -108,7 +111,9 @@ impl Inner {
     /// blocks back, with their right bytes, until the next insert trims them again; blocks
     /// recovered at open are not in the order list, so only blocks inserted since count.)
     fn trim(&self, id: u16, part: &PartState, config: &PartitionConfig, key: Key) {
-        let (Policy::General, Some(quota)) = (config.policy, config.quota) else { return };
+        let (Policy::General, Some(quota)) = (config.policy, config.quota) else {
+            return;
+        };
         let mut fifo = part.fifo.lock().unwrap();
         fifo.push_back(key);
         while part.bytes.load(Relaxed) > quota {
@@ -123,7 +128,9 @@ impl Inner {
                 && self.index.remove_exact(&old, &loc)
             {
                 self.forget(&loc);
-                self.disks[loc.disk as usize].evictions.fetch_add(1, Relaxed);
+                self.disks[loc.disk as usize]
+                    .evictions
+                    .fetch_add(1, Relaxed);
                 self.memory.remove(&old);
             }
         }
@@ -134,8 +141,14 @@ impl Inner {
     }
 
     fn persist_partitions(&self) {
-        let names: Vec<(u16, String)> =
-            self.parts.read().unwrap().iter().enumerate().map(|(i, p)| (i as u16, p.name.clone())).collect();
+        let names: Vec<(u16, String)> = self
+            .parts
+            .read()
+            .unwrap()
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (i as u16, p.name.clone()))
+            .collect();
         for d in &self.disks {
             if let Err(e) = crate::partitions::write(&d.path, &names) {
                 tracing::warn!(path = %d.path.display(), "cannot save partition names: {e}");
@@ -147,7 +160,9 @@ impl Inner {
     async fn finish(&self, disk: &Disk, appended: Appended) -> Result<(), std::io::Error> {
         if !appended.victims.is_empty() {
             let victims = appended.victims;
-            let gone = self.index.remove_where(|l| l.disk == disk.id && victims.contains(&l.seg));
+            let gone = self
+                .index
+                .remove_where(|l| l.disk == disk.id && victims.contains(&l.seg));
             disk.evictions.fetch_add(gone.len() as u64, Relaxed);
             for l in &gone {
                 self.forget(l);
@@ -196,7 +211,10 @@ impl Drop for Inner {
 
 /// Lets this process open as many segment files as its hard limit allows.
 fn raise_nofile() -> u64 {
-    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
     // SAFETY: getrlimit/setrlimit with a valid pointer to a local rlimit.
     unsafe {
         if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
@@ -223,17 +241,31 @@ fn validate(config: &CacheConfig) -> Result<(), OpenError> {
         ));
     }
     if config.segment_size > u32::MAX as u64 {
-        return bad(format!("segment_size {} exceeds 4 GiB", config.segment_size));
+        return bad(format!(
+            "segment_size {} exceeds 4 GiB",
+            config.segment_size
+        ));
     }
     if config.disks.len() > 255 {
         return bad("at most 255 disk directories".into());
     }
     for d in &config.disks {
-        if !(0.0 < d.low_watermark && d.low_watermark <= d.high_watermark && d.high_watermark <= 1.0) {
-            return bad(format!("{}: watermarks must satisfy 0 < low <= high <= 1", d.path.display()));
+        if !(0.0 < d.low_watermark
+            && d.low_watermark <= d.high_watermark
+            && d.high_watermark <= 1.0)
+        {
+            return bad(format!(
+                "{}: watermarks must satisfy 0 < low <= high <= 1",
+                d.path.display()
+            ));
         }
         if d.capacity < config.segment_size {
-            return bad(format!("{}: capacity {} is below one segment ({})", d.path.display(), d.capacity, config.segment_size));
+            return bad(format!(
+                "{}: capacity {} is below one segment ({})",
+                d.path.display(),
+                d.capacity,
+                config.segment_size
+            ));
         }
     }
     Ok(())
@@ -241,7 +273,8 @@ fn validate(config: &CacheConfig) -> Result<(), OpenError> {
 
 pub(crate) fn open(config: CacheConfig) -> Result<Cache, OpenError> {
     validate(&config)?;
-    let (kind, fallback_reason) = io::resolve(config.engine).map_err(OpenError::IoUringUnavailable)?;
+    let (kind, fallback_reason) =
+        io::resolve(config.engine).map_err(OpenError::IoUringUnavailable)?;
     if let Some(reason) = &fallback_reason {
         tracing::warn!("io_uring unavailable, using psync: {reason}");
     }
@@ -267,29 +300,56 @@ pub(crate) fn open(config: CacheConfig) -> Result<Cache, OpenError> {
             max_files: (segments * 4).clamp(4096, 1 << 16).min(nofile / 2).max(64) as u32,
         };
         let engine = io::build(kind, params).map_err(|e| match kind {
-            EngineKind::IoUring => OpenError::IoUringUnavailable(format!("{}: {e}", d.path.display())),
-            _ => OpenError::Directory { path: d.path.clone(), reason: "cannot start the I/O engine".into(), source: Some(e) },
+            EngineKind::IoUring => {
+                OpenError::IoUringUnavailable(format!("{}: {e}", d.path.display()))
+            }
+            _ => OpenError::Directory {
+                path: d.path.clone(),
+                reason: "cannot start the I/O engine".into(),
+                source: Some(e),
+            },
         })?;
-        let (disk, found) = Disk::open(i as u8, d, config.segment_size, config.max_value_size, engine)?;
+        let (disk, found) = Disk::open(
+            i as u8,
+            d,
+            config.segment_size,
+            config.max_value_size,
+            engine,
+        )?;
         disks.push(disk);
         recovered.push(found);
     }
     let max_id = names.iter().map(|(i, _)| *i).max().unwrap_or(0);
     let mut parts: Vec<Arc<PartState>> = (0..=max_id)
         .map(|id| {
-            let name = names.iter().find(|(i, _)| *i == id).map(|(_, n)| n.clone()).unwrap_or_else(|| format!("partition-{id}"));
+            let name = names
+                .iter()
+                .find(|(i, _)| *i == id)
+                .map(|(_, n)| n.clone())
+                .unwrap_or_else(|| format!("partition-{id}"));
             PartState::new(&name, PartitionConfig::default())
         })
         .collect();
     // Segment records may name partitions the names file lost: keep them addressable.
-    let max_rec = recovered.iter().flatten().flat_map(|(_, r)| r.iter().map(|r| r.part)).max().unwrap_or(0);
+    let max_rec = recovered
+        .iter()
+        .flatten()
+        .flat_map(|(_, r)| r.iter().map(|r| r.part))
+        .max()
+        .unwrap_or(0);
     while parts.len() <= max_rec as usize {
         let id = parts.len();
-        parts.push(PartState::new(&format!("partition-{id}"), PartitionConfig::default()));
+        parts.push(PartState::new(
+            &format!("partition-{id}"),
+            PartitionConfig::default(),
+        ));
     }
     let inner = Inner {
         memory: MemoryTier::new(config.memory_capacity),
-        choice: EngineChoice { kind, fallback_reason },
+        choice: EngineChoice {
+            kind,
+            fallback_reason,
+        },
         disks,
         index: Index::new(),
         parts: RwLock::new(parts),
@@ -305,7 +365,14 @@ pub(crate) fn open(config: CacheConfig) -> Result<Cache, OpenError> {
                 let old = if r.flags & FLAG_TOMBSTONE != 0 {
                     inner.index.remove(&r.key)
                 } else {
-                    let loc = Loc { seg, value_off: r.value_off, len: r.len, crc: r.crc, part: r.part, disk: disk as u8 };
+                    let loc = Loc {
+                        seg,
+                        value_off: r.value_off,
+                        len: r.len,
+                        crc: r.crc,
+                        part: r.part,
+                        disk: disk as u8,
+                    };
                     inner.add(r.part, r.len as u64);
                     inner.disks[disk].entries.fetch_add(1, Relaxed);
                     inner.index.insert(&r.key, loc)
@@ -319,21 +386,32 @@ pub(crate) fn open(config: CacheConfig) -> Result<Cache, OpenError> {
     if !inner.disks.is_empty() {
         inner.persist_partitions();
     }
-    Ok(Cache { inner: Arc::new(inner) })
+    Ok(Cache {
+        inner: Arc::new(inner),
+    })
 }
 
 /// Runs `Inner::finish` so that it completes even if the caller's future is dropped: a
 /// buffer taken for writing must reach the disk (or be accounted as lost), and evicted
 /// segments must leave the index, whoever stops waiting.
-async fn finish_detached(inner: &Arc<Inner>, disk: u8, appended: Appended) -> Result<(), std::io::Error> {
+async fn finish_detached(
+    inner: &Arc<Inner>,
+    disk: u8,
+    appended: Appended,
+) -> Result<(), std::io::Error> {
     if appended.jobs.is_empty() && appended.victims.is_empty() {
         return Ok(());
     }
     match tokio::runtime::Handle::try_current() {
         Ok(rt) => {
             let inner = inner.clone();
-            let task = rt.spawn(async move { inner.finish(&inner.disks[disk as usize], appended).await });
-            task.await.unwrap_or_else(|e| Err(std::io::Error::other(format!("segment write task failed: {e}"))))
+            let task =
+                rt.spawn(async move { inner.finish(&inner.disks[disk as usize], appended).await });
+            task.await.unwrap_or_else(|e| {
+                Err(std::io::Error::other(format!(
+                    "segment write task failed: {e}"
+                )))
+            })
         }
         Err(_) => inner.finish(&inner.disks[disk as usize], appended).await,
     }
@@ -357,7 +435,10 @@ pub(crate) fn partition(cache: &Cache, name: &str, config: PartitionConfig) -> P
     if created {
         inner.persist_partitions();
     }
-    Partition { cache: cache.clone(), id: id as u16 }
+    Partition {
+        cache: cache.clone(),
+        id: id as u16,
+    }
 }
 
 pub(crate) fn engine_choice(cache: &Cache) -> EngineChoice {
@@ -380,18 +461,26 @@ pub(crate) fn stats(cache: &Cache) -> CacheStats {
             .disks
             .iter()
             .map(|d| {
-                (d.path.clone(), TierStats {
-                    bytes: d.used(),
-                    entries: d.entries.load(Relaxed),
-                    capacity: d.capacity,
-                    hits: d.hits.load(Relaxed),
-                    misses: d.misses.load(Relaxed),
-                    evictions: d.evictions.load(Relaxed),
-                })
+                (
+                    d.path.clone(),
+                    TierStats {
+                        bytes: d.used(),
+                        entries: d.entries.load(Relaxed),
+                        capacity: d.capacity,
+                        hits: d.hits.load(Relaxed),
+                        misses: d.misses.load(Relaxed),
+                        evictions: d.evictions.load(Relaxed),
+                    },
+                )
             })
             .collect(),
         partitions: (0..inner.parts.read().unwrap().len())
-            .map(|i| partition_stats(&Partition { cache: cache.clone(), id: i as u16 }))
+            .map(|i| {
+                partition_stats(&Partition {
+                    cache: cache.clone(),
+                    id: i as u16,
+                })
+            })
             .collect(),
         checksum_failures: inner.checksum_failures.load(Relaxed),
         io_errors: inner.io_errors.load(Relaxed),
@@ -402,20 +491,32 @@ pub(crate) fn stats(cache: &Cache) -> CacheStats {
 }
 
 pub(crate) async fn get(p: &Partition, key: &Key) -> Option<Lookup> {
+    lookup(p, key, true).await
+}
+
+/// A lookup; `count_miss` false for a repeated lookup of a key whose miss was already
+/// counted (get_or_fetch re-checks after taking the lead), so that one read counts as one
+/// miss in the partition's and tiers' counters (the agent's hit ratio is computed from them).
+async fn lookup(p: &Partition, key: &Key, count_miss: bool) -> Option<Lookup> {
     let inner = &p.cache.inner;
     let part = inner.part(p.id);
-    if let Some(value) = inner.memory.get(key) {
+    if let Some(value) = inner.memory.get(key, count_miss) {
         part.hits_memory.fetch_add(1, Relaxed);
-        return Some(Lookup { value, origin: Origin::Memory });
+        return Some(Lookup {
+            value,
+            origin: Origin::Memory,
+        });
     }
     let found = match inner.index.get(key) {
         Some(loc) if !inner.disks.is_empty() => read_disk(inner, p, key, loc).await,
         _ => None,
     };
-    if found.is_none() {
+    if found.is_none() && count_miss {
         part.misses.fetch_add(1, Relaxed);
         if !inner.disks.is_empty() {
-            inner.disks[inner.disk_for(key)].misses.fetch_add(1, Relaxed);
+            inner.disks[inner.disk_for(key)]
+                .misses
+                .fetch_add(1, Relaxed);
         }
     }
     found
@@ -423,7 +524,10 @@ pub(crate) async fn get(p: &Partition, key: &Key) -> Option<Lookup> {
 
 async fn read_disk(inner: &Inner, p: &Partition, key: &Key, loc: Loc) -> Option<Lookup> {
     let disk = &inner.disks[loc.disk as usize];
-    let value = match disk.read(loc.seg, loc.value_off as u64, loc.len as usize).await {
+    let value = match disk
+        .read(loc.seg, loc.value_off as u64, loc.len as usize)
+        .await
+    {
         ReadOutcome::Value(v) if entry_crc(key, &v) == loc.crc => v,
         ReadOutcome::Value(_) | ReadOutcome::Short => {
             inner.checksum_failures.fetch_add(1, Relaxed);
@@ -445,7 +549,10 @@ async fn read_disk(inner: &Inner, p: &Partition, key: &Key, loc: Loc) -> Option<
     part.hits_disk.fetch_add(1, Relaxed);
     let evict = part.config.lock().unwrap().policy == Policy::General;
     inner.memory.insert(*key, loc.part, value.clone(), evict);
-    Some(Lookup { value, origin: Origin::Disk })
+    Some(Lookup {
+        value,
+        origin: Origin::Disk,
+    })
 }
 
 pub(crate) async fn insert(p: &Partition, key: Key, value: Bytes) -> Result<(), InsertError> {
@@ -453,7 +560,10 @@ pub(crate) async fn insert(p: &Partition, key: Key, value: Bytes) -> Result<(), 
     let len = value.len() as u64;
     if len > inner.config.max_value_size {
         inner.insert_failures.fetch_add(1, Relaxed);
-        return Err(InsertError::TooLarge { size: len, max: inner.config.max_value_size });
+        return Err(InsertError::TooLarge {
+            size: len,
+            max: inner.config.max_value_size,
+        });
     }
     let part = inner.part(p.id);
     let config = part.config.lock().unwrap().clone();
@@ -462,7 +572,9 @@ pub(crate) async fn insert(p: &Partition, key: Key, value: Bytes) -> Result<(), 
         && part.bytes.load(Relaxed) + len > quota
     {
         part.rejected.fetch_add(1, Relaxed);
-        return Err(InsertError::QuotaReached { partition: part.name.clone() });
+        return Err(InsertError::QuotaReached {
+            partition: part.name.clone(),
+        });
     }
     let evict = config.policy == Policy::General;
     if inner.disks.is_empty() {
@@ -485,10 +597,20 @@ pub(crate) async fn insert(p: &Partition, key: Key, value: Bytes) -> Result<(), 
         Ok(a) => a,
         Err(source) => {
             inner.insert_failures.fetch_add(1, Relaxed);
-            return Err(InsertError::Io { path: disk.path.clone(), source });
+            return Err(InsertError::Io {
+                path: disk.path.clone(),
+                source,
+            });
         }
     };
-    let loc = Loc { seg: appended.seg, value_off: appended.value_off as u32, len: len as u32, crc, part: p.id, disk: disk.id };
+    let loc = Loc {
+        seg: appended.seg,
+        value_off: appended.value_off as u32,
+        len: len as u32,
+        crc,
+        part: p.id,
+        disk: disk.id,
+    };
     inner.add(p.id, len);
     disk.entries.fetch_add(1, Relaxed);
     if let Some(old) = inner.index.insert(&key, loc) {
@@ -496,10 +618,15 @@ pub(crate) async fn insert(p: &Partition, key: Key, value: Bytes) -> Result<(), 
     }
     inner.memory.insert(key, p.id, value, evict);
     inner.trim(p.id, &part, &config, key);
-    finish_detached(&p.cache.inner, disk.id, appended).await.map_err(|source| {
-        inner.insert_failures.fetch_add(1, Relaxed);
-        InsertError::Io { path: disk.path.clone(), source }
-    })
+    finish_detached(&p.cache.inner, disk.id, appended)
+        .await
+        .map_err(|source| {
+            inner.insert_failures.fetch_add(1, Relaxed);
+            InsertError::Io {
+                path: disk.path.clone(),
+                source,
+            }
+        })
 }
 
 pub(crate) async fn remove(p: &Partition, key: &Key) -> bool {
@@ -511,7 +638,9 @@ pub(crate) async fn remove(p: &Partition, key: &Key) -> bool {
         }
         return in_memory.is_some();
     }
-    let Some(old) = inner.index.remove(key) else { return in_memory.is_some() };
+    let Some(old) = inner.index.remove(key) else {
+        return in_memory.is_some();
+    };
     inner.forget(&old);
     // A tombstone, so that a reopen does not resurrect the entry from its segment.
     let disk = &inner.disks[inner.disk_for(key)];
@@ -565,7 +694,11 @@ impl Drop for FlightGuard<'_> {
     }
 }
 
-pub(crate) async fn get_or_fetch<F, Fut, E>(p: &Partition, key: Key, fetch: F) -> Result<Lookup, Arc<E>>
+pub(crate) async fn get_or_fetch<F, Fut, E>(
+    p: &Partition,
+    key: Key,
+    fetch: F,
+) -> Result<Lookup, Arc<E>>
 where
     F: FnOnce() -> Fut + Send,
     Fut: Future<Output = Result<Bytes, E>> + Send,
@@ -573,10 +706,12 @@ where
 {
     let inner = &p.cache.inner;
     let mut fetch = Some(fetch);
+    let mut counted = false;
     loop {
-        if let Some(l) = get(p, &key).await {
+        if let Some(l) = lookup(p, &key, !counted).await {
             return Ok(l);
         }
+        counted = true;
         // Join a fetch in flight, or lead one.
         enum Role<E> {
             Join(watch::Receiver<Shared<E>>),
@@ -601,9 +736,12 @@ where
             Role::Join(rx) => Some(rx),
             Role::Alone => None,
             Role::Lead(tx) => {
-                let _guard = FlightGuard { flights: &inner.flights, key: (p.id, key) };
+                let _guard = FlightGuard {
+                    flights: &inner.flights,
+                    key: (p.id, key),
+                };
                 // Another leader may have finished between our miss and now.
-                if let Some(l) = get(p, &key).await {
+                if let Some(l) = lookup(p, &key, false).await {
                     let _ = tx.send(Some(Ok(l.value.clone())));
                     return Ok(l);
                 }
@@ -613,14 +751,20 @@ where
                     let _ = insert(p, key, value.clone()).await;
                 }
                 let _ = tx.send(Some(res.clone()));
-                return res.map(|value| Lookup { value, origin: Origin::Fetch });
+                return res.map(|value| Lookup {
+                    value,
+                    origin: Origin::Fetch,
+                });
             }
         };
         match joined {
             Some(mut rx) => {
                 if let Ok(v) = rx.wait_for(|v| v.is_some()).await {
                     let res = v.clone().expect("waited for a result");
-                    return res.map(|value| Lookup { value, origin: Origin::Fetch });
+                    return res.map(|value| Lookup {
+                        value,
+                        origin: Origin::Fetch,
+                    });
                 }
                 // The leader was cancelled: try again (we may lead this time).
             }
@@ -628,7 +772,10 @@ where
                 let fetch = fetch.take().expect("fetch runs once");
                 let value = fetch().await.map_err(Arc::new)?;
                 let _ = insert(p, key, value.clone()).await;
-                return Ok(Lookup { value, origin: Origin::Fetch });
+                return Ok(Lookup {
+                    value,
+                    origin: Origin::Fetch,
+                });
             }
         }
     }

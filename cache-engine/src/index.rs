@@ -57,7 +57,9 @@ fn split(key: &Key) -> (usize, (u32, u32)) {
 
 impl Index {
     pub(crate) fn new() -> Self {
-        Index { shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect() }
+        Index {
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+        }
     }
     pub(crate) fn get(&self, key: &Key) -> Option<Loc> {
         let (s, k) = split(key);
@@ -109,7 +111,13 @@ impl Index {
         for s in &self.shards {
             let cap = s.lock().unwrap().capacity();
             // hashbrown keeps buckets a power of two and fills them to 7/8 at most.
-            let buckets = if cap == 0 { 0 } else if cap < 8 { (cap + 1).next_power_of_two() } else { (cap * 8 / 7).next_power_of_two() };
+            let buckets = if cap == 0 {
+                0
+            } else if cap < 8 {
+                (cap + 1).next_power_of_two()
+            } else {
+                (cap * 8 / 7).next_power_of_two()
+            };
             total += (buckets * per_bucket) as u64;
         }
         total

@@ -52,8 +52,9 @@ impl MemoryTier {
         }
     }
 
-    /// The value, marking it recently used.
-    pub(crate) fn get(&self, key: &Key) -> Option<Bytes> {
+    /// The value, marking it recently used. `count_miss` false: a repeated lookup of a
+    /// miss already counted (single-flight's re-check), which must not count twice.
+    pub(crate) fn get(&self, key: &Key, count_miss: bool) -> Option<Bytes> {
         let mut st = self.state.lock().unwrap();
         match st.map.get_mut(key) {
             Some(e) => {
@@ -62,7 +63,9 @@ impl MemoryTier {
                 Some(e.value.clone())
             }
             None => {
-                self.misses.fetch_add(1, Relaxed);
+                if count_miss {
+                    self.misses.fetch_add(1, Relaxed);
+                }
                 None
             }
         }
@@ -74,7 +77,13 @@ impl MemoryTier {
 
     /// Stores the value. With `evict` false it is stored only if it fits in free space.
     /// Returns whether it was stored, the entry it replaced and the entries evicted.
-    pub(crate) fn insert(&self, key: Key, part: u16, value: Bytes, evict: bool) -> (bool, Option<(u16, u64)>, Evicted) {
+    pub(crate) fn insert(
+        &self,
+        key: Key,
+        part: u16,
+        value: Bytes,
+        evict: bool,
+    ) -> (bool, Option<(u16, u64)>, Evicted) {
         let len = value.len() as u64;
         let mut evicted = Vec::new();
         let mut st = self.state.lock().unwrap();
@@ -86,7 +95,9 @@ impl MemoryTier {
             return (false, replaced, evicted);
         }
         while st.bytes + len > self.capacity {
-            let Some((k, generation)) = st.clock.pop_front() else { break };
+            let Some((k, generation)) = st.clock.pop_front() else {
+                break;
+            };
             let second_chance = match st.map.get_mut(&k) {
                 Some(e) if e.generation == generation => {
                     let visited = e.visited;
@@ -106,7 +117,15 @@ impl MemoryTier {
         let generation = st.next_generation;
         st.next_generation += 1;
         st.bytes += len;
-        st.map.insert(key, Entry { value, part, visited: false, generation });
+        st.map.insert(
+            key,
+            Entry {
+                value,
+                part,
+                visited: false,
+                generation,
+            },
+        );
         st.clock.push_back((key, generation));
         // Stale queue slots (removed keys) are dropped lazily; bound them.
         if st.clock.len() > 2 * st.map.len() + 1024 {
@@ -141,7 +160,7 @@ mod tests {
         for i in 0..3u8 {
             m.insert(Key([i; 16]), 0, Bytes::from(vec![i; 100]), true);
         }
-        assert!(m.get(&Key([0; 16])).is_some());
+        assert!(m.get(&Key([0; 16]), true).is_some());
         let (stored, _, evicted) = m.insert(Key([9; 16]), 0, Bytes::from(vec![9; 100]), true);
         assert!(stored);
         assert_eq!(evicted.len(), 1);

@@ -55,7 +55,11 @@ fn align8(n: u64) -> u64 {
 /// (header offset, value offset, next write position).
 pub(crate) fn place(cur: u64, len: u64) -> (u64, u64, u64) {
     let page_aligned = len >= 64 << 10 || (len > 0 && len.is_multiple_of(ALIGN as u64));
-    let value_off = if page_aligned { align_up(cur + HEADER) } else { cur + HEADER };
+    let value_off = if page_aligned {
+        align_up(cur + HEADER)
+    } else {
+        cur + HEADER
+    };
     (value_off - HEADER, value_off, align8(value_off + len))
 }
 
@@ -120,9 +124,14 @@ pub(crate) fn scan(file: &[u8]) -> (Vec<Record>, u64) {
             pos += 8; // padding before a page-aligned value or after a partial buffer
             continue;
         }
-        let Some(r) = decode_header(&file[pos..pos + HEADER as usize], (pos as u64) + HEADER) else { break };
+        let Some(r) = decode_header(&file[pos..pos + HEADER as usize], (pos as u64) + HEADER)
+        else {
+            break;
+        };
         let v = r.value_off as usize;
-        let Some(value) = file.get(v..v + r.len as usize) else { break };
+        let Some(value) = file.get(v..v + r.len as usize) else {
+            break;
+        };
         if r.flags & FLAG_TOMBSTONE == 0 && entry_crc(&r.key, value) != r.crc {
             break;
         }
@@ -162,7 +171,10 @@ pub(crate) fn encode_tail(records: &[Record], data_end: u64) -> (u64, Vec<u8>) {
 
 /// Parses a trailer page: (record count, footer offset, footer crc).
 pub(crate) fn decode_trailer(page: &[u8]) -> Option<(usize, u64, u32)> {
-    if page.len() < 24 || u32_at(page, 0) != TRAILER_MAGIC || u32_at(page, 20) != crc32c::crc32c(&page[..20]) {
+    if page.len() < 24
+        || u32_at(page, 0) != TRAILER_MAGIC
+        || u32_at(page, 20) != crc32c::crc32c(&page[..20])
+    {
         return None;
     }
     let count = u32_at(page, 4) as usize;
@@ -208,7 +220,14 @@ mod tests {
             let key = Key([i; 16]);
             let value = vec![i; 1000 + i as usize * 3000];
             let (h, v, next) = place(cur, value.len() as u64);
-            let r = Record { key, part: 0, flags: 0, value_off: v as u32, len: value.len() as u32, crc: entry_crc(&key, &value) };
+            let r = Record {
+                key,
+                part: 0,
+                flags: 0,
+                value_off: v as u32,
+                len: value.len() as u32,
+                crc: entry_crc(&key, &value),
+            };
             file[h as usize..v as usize].copy_from_slice(&encode_header(&r));
             file[v as usize..v as usize + value.len()].copy_from_slice(&value);
             written.push((r, next));
@@ -228,7 +247,14 @@ mod tests {
     #[test]
     fn footer_round_trips() {
         let recs: Vec<Record> = (0..100u32)
-            .map(|i| Record { key: Key([i as u8; 16]), part: 3, flags: 0, value_off: i * 64, len: i, crc: i * 7 })
+            .map(|i| Record {
+                key: Key([i as u8; 16]),
+                part: 3,
+                flags: 0,
+                value_off: i * 64,
+                len: i,
+                crc: i * 7,
+            })
             .collect();
         let (off, tail) = encode_tail(&recs, 10_000);
         assert_eq!(off, 12288);

@@ -5,11 +5,18 @@ mod common;
 use common::*;
 use sluice_cache_engine::OpenError;
 
-fn expect_dir_error(res: Result<sluice_cache_engine::Cache, OpenError>, dir: &std::path::Path, what: &str) -> String {
+fn expect_dir_error(
+    res: Result<sluice_cache_engine::Cache, OpenError>,
+    dir: &std::path::Path,
+    what: &str,
+) -> String {
     match res {
         Err(e @ OpenError::Directory { .. }) => {
             let text = e.to_string();
-            assert!(text.contains(&dir.display().to_string()), "{what}: error does not name the directory: {text}");
+            assert!(
+                text.contains(&dir.display().to_string()),
+                "{what}: error does not name the directory: {text}"
+            );
             text
         }
         Err(e) => panic!("{what}: unexpected error {e}"),
@@ -47,7 +54,12 @@ fn unwritable_directory() {
         std::fs::create_dir(&dir).unwrap();
         let mounted = if is_root() {
             // Root ignores permission bits: use a read-only mount instead.
-            let ok = std::process::Command::new("mount").args(["-t", "tmpfs", "-o", "ro,size=1m", "tmpfs"]).arg(&dir).status().unwrap().success();
+            let ok = std::process::Command::new("mount")
+                .args(["-t", "tmpfs", "-o", "ro,size=1m", "tmpfs"])
+                .arg(&dir)
+                .status()
+                .unwrap()
+                .success();
             if !ok {
                 eprintln!("skipping unwritable_directory: mount -o ro failed");
                 return;
@@ -60,7 +72,10 @@ fn unwritable_directory() {
         };
         let res = small(&dir, engine, 0).open();
         if mounted {
-            std::process::Command::new("umount").arg(&dir).status().unwrap();
+            std::process::Command::new("umount")
+                .arg(&dir)
+                .status()
+                .unwrap();
         }
         let text = expect_dir_error(res, &dir, "unwritable");
         assert!(text.contains("not writable"), "{text}");
@@ -95,6 +110,8 @@ async fn tmpfs_directory() {
 #[test]
 fn invalid_configuration_is_rejected() {
     let dir = tempfile::tempdir().unwrap();
-    let res = small(dir.path(), sluice_cache_engine::EngineKind::Psync, 0).segment_size(1 << 20).open();
+    let res = small(dir.path(), sluice_cache_engine::EngineKind::Psync, 0)
+        .segment_size(1 << 20)
+        .open();
     assert!(matches!(res, Err(OpenError::Config(_))));
 }

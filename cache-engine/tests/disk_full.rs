@@ -15,7 +15,9 @@ fn run(cmd: &mut Command) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn disk_full_fails_inserts_cleanly() {
     if !is_root() {
-        eprintln!("skipping disk_full_fails_inserts_cleanly: needs root to loop-mount a small ext4");
+        eprintln!(
+            "skipping disk_full_fails_inserts_cleanly: needs root to loop-mount a small ext4"
+        );
         return;
     }
     for engine in engines() {
@@ -23,17 +25,29 @@ async fn disk_full_fails_inserts_cleanly() {
         let image = base.path().join("fs.img");
         let mnt = base.path().join("mnt");
         std::fs::create_dir(&mnt).unwrap();
-        std::fs::File::create(&image).unwrap().set_len(24 << 20).unwrap();
-        if !run(Command::new("mkfs.ext4").args(["-q", "-F", "-m", "0"]).arg(&image)) {
+        std::fs::File::create(&image)
+            .unwrap()
+            .set_len(24 << 20)
+            .unwrap();
+        if !run(Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-m", "0"])
+            .arg(&image))
+        {
             eprintln!("skipping disk_full_fails_inserts_cleanly: mkfs.ext4 failed");
             return;
         }
         // An explicit loop device, detached at the end (a plain `mount -o loop` can leave
         // it attached).
-        let out = Command::new("losetup").args(["--find", "--show"]).arg(&image).output().unwrap();
+        let out = Command::new("losetup")
+            .args(["--find", "--show"])
+            .arg(&image)
+            .output()
+            .unwrap();
         let dev = String::from_utf8_lossy(&out.stdout).trim().to_string();
         if !out.status.success() || !run(Command::new("mount").arg(&dev).arg(&mnt)) {
-            eprintln!("skipping disk_full_fails_inserts_cleanly: cannot attach or mount a loop device");
+            eprintln!(
+                "skipping disk_full_fails_inserts_cleanly: cannot attach or mount a loop device"
+            );
             if out.status.success() {
                 run(Command::new("losetup").args(["-d", &dev]));
             }
@@ -69,11 +83,18 @@ async fn scenario(engine: sluice_cache_engine::EngineKind, mnt: &std::path::Path
     match &err {
         InsertError::Io { path, source } => {
             assert_eq!(path, &dir, "{engine:?}: {text}");
-            assert_eq!(source.raw_os_error(), Some(libc::ENOSPC), "{engine:?}: {text}");
+            assert_eq!(
+                source.raw_os_error(),
+                Some(libc::ENOSPC),
+                "{engine:?}: {text}"
+            );
         }
         other => panic!("{engine:?}: unexpected error {other}"),
     }
-    assert!(text.contains(&dir.display().to_string()) && text.to_lowercase().contains("space"), "{text}");
+    assert!(
+        text.contains(&dir.display().to_string()) && text.to_lowercase().contains("space"),
+        "{text}"
+    );
     assert!(cache.stats().insert_failures >= 1);
     // Further inserts keep failing cleanly; reads keep working.
     assert!(cache.insert(key(99_999), value(1, 1, 1000)).await.is_err());
@@ -84,7 +105,11 @@ async fn scenario(engine: sluice_cache_engine::EngineKind, mnt: &std::path::Path
             read += 1;
         }
     }
-    assert_eq!(read, stored.len(), "{engine:?}: every stored block still reads");
+    assert_eq!(
+        read,
+        stored.len(),
+        "{engine:?}: every stored block still reads"
+    );
     assert_eq!(cache.stats().checksum_failures, 0);
     drop(cache);
 }

@@ -48,13 +48,20 @@ async fn run(engine: EngineKind, seed: u64) {
                 gets += 1;
                 if let Some(v) = cache.get(&key(k)).await {
                     hits += 1;
-                    assert_eq!(Some(&v), model.get(&k), "{engine:?} seed {seed} op {op}: key {k}");
+                    assert_eq!(
+                        Some(&v),
+                        model.get(&k),
+                        "{engine:?} seed {seed} op {op}: key {k}"
+                    );
                 }
             }
             85..97 => {
                 let removed = cache.remove(&key(k)).await;
                 let was = model.remove(&k);
-                assert!(!removed || was.is_some(), "{engine:?} seed {seed} op {op}: removed an absent key {k}");
+                assert!(
+                    !removed || was.is_some(),
+                    "{engine:?} seed {seed} op {op}: removed an absent key {k}"
+                );
             }
             _ => {
                 if rng.random_bool(0.5) {
@@ -72,5 +79,8 @@ async fn run(engine: EngineKind, seed: u64) {
     }
     let stats = cache.stats();
     assert_eq!(stats.checksum_failures, 0);
-    assert!(hits * 2 > gets / 2, "{engine:?} seed {seed}: only {hits} hits of {gets} gets");
+    assert!(
+        hits * 2 > gets / 2,
+        "{engine:?} seed {seed}: only {hits} hits of {gets} gets"
+    );
 }

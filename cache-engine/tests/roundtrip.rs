@@ -11,13 +11,22 @@ async fn values_survive_memory_eviction_and_reopen() {
         let dir = tempfile::tempdir().unwrap();
         let cache = open(small(dir.path(), engine, 256 << 10));
         assert_eq!(cache.engine().kind, engine);
-        let part = cache.partition("imagenet", PartitionConfig { policy: Policy::General, quota: None });
+        let part = cache.partition(
+            "imagenet",
+            PartitionConfig {
+                policy: Policy::General,
+                quota: None,
+            },
+        );
         for i in 0..400 {
             part.insert(key(i), value(i, 0, 64 << 10)).await.unwrap();
         }
         let mut from_disk = 0;
         for i in 0..400 {
-            let got = part.get(&key(i)).await.unwrap_or_else(|| panic!("{engine:?}: block {i} missing"));
+            let got = part
+                .get(&key(i))
+                .await
+                .unwrap_or_else(|| panic!("{engine:?}: block {i} missing"));
             assert_eq!(got.value, value(i, 0, 64 << 10), "{engine:?}: block {i}");
             from_disk += (got.origin == Origin::Disk) as u32;
         }
@@ -28,10 +37,17 @@ async fn values_survive_memory_eviction_and_reopen() {
 
         let cache = open(small(dir.path(), engine, 0));
         let part = cache.partition("imagenet", PartitionConfig::default());
-        assert_eq!(part.stats().entries, 400, "{engine:?}: the partition kept its blocks");
+        assert_eq!(
+            part.stats().entries,
+            400,
+            "{engine:?}: the partition kept its blocks"
+        );
         assert_eq!(part.stats().bytes, bytes);
         for i in 0..400 {
-            let got = part.get(&key(i)).await.unwrap_or_else(|| panic!("{engine:?}: block {i} lost on reopen"));
+            let got = part
+                .get(&key(i))
+                .await
+                .unwrap_or_else(|| panic!("{engine:?}: block {i} lost on reopen"));
             assert_eq!(got.value, value(i, 0, 64 << 10));
             assert_eq!(got.origin, Origin::Disk);
         }
@@ -44,7 +60,11 @@ async fn values_survive_memory_eviction_and_reopen() {
 async fn large_blocks_and_removals_persist() {
     for engine in engines() {
         let dir = tempfile::tempdir().unwrap();
-        let cache = open(small(dir.path(), engine, 0).max_value_size(4 << 20).segment_size(32 << 20));
+        let cache = open(
+            small(dir.path(), engine, 0)
+                .max_value_size(4 << 20)
+                .segment_size(32 << 20),
+        );
         for i in 0..12 {
             cache.insert(key(i), value(i, 1, 4 << 20)).await.unwrap();
         }
@@ -52,13 +72,21 @@ async fn large_blocks_and_removals_persist() {
             assert!(cache.remove(&key(i)).await);
         }
         drop(cache); // no close: drop seals on a best-effort basis
-        let cache = open(small(dir.path(), engine, 0).max_value_size(4 << 20).segment_size(32 << 20));
+        let cache = open(
+            small(dir.path(), engine, 0)
+                .max_value_size(4 << 20)
+                .segment_size(32 << 20),
+        );
         for i in 0..12 {
             let got = cache.get(&key(i)).await;
             if i < 6 {
                 assert!(got.is_none(), "{engine:?}: removed block {i} came back");
             } else {
-                assert_eq!(got.as_deref(), Some(&value(i, 1, 4 << 20)[..]), "{engine:?}: block {i}");
+                assert_eq!(
+                    got.as_deref(),
+                    Some(&value(i, 1, 4 << 20)[..]),
+                    "{engine:?}: block {i}"
+                );
             }
         }
     }
@@ -72,7 +100,9 @@ fn auto_engine_says_why_it_fell_back() {
     match choice.kind {
         sluice_cache_engine::EngineKind::IoUring => assert!(choice.fallback_reason.is_none()),
         sluice_cache_engine::EngineKind::Psync => {
-            let why = choice.fallback_reason.expect("a psync fallback carries its reason");
+            let why = choice
+                .fallback_reason
+                .expect("a psync fallback carries its reason");
             eprintln!("Auto fell back to psync: {why}");
         }
         other => panic!("Auto resolved to {other:?}"),

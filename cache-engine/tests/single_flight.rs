@@ -45,8 +45,19 @@ async fn fifty_callers_one_fetch() {
             let got = t.await.unwrap().unwrap();
             assert_eq!(got.value, value(1, 0, 100_000));
         }
-        assert_eq!(fetches.load(Ordering::SeqCst), 1, "{engine:?}: the fetch ran more than once");
-        assert_eq!(cache.get_or_fetch(key(1), || async { Err::<Bytes, _>("not called") }).await.unwrap().origin, Origin::Memory);
+        assert_eq!(
+            fetches.load(Ordering::SeqCst),
+            1,
+            "{engine:?}: the fetch ran more than once"
+        );
+        assert_eq!(
+            cache
+                .get_or_fetch(key(1), || async { Err::<Bytes, _>("not called") })
+                .await
+                .unwrap()
+                .origin,
+            Origin::Memory
+        );
     }
 }
 
@@ -79,13 +90,32 @@ async fn errors_are_shared_and_not_cached() {
             tokio::task::yield_now().await;
         }
         gate.add_permits(100);
-        let errors: Vec<Arc<String>> = futures::future::join_all(tasks).await.into_iter().map(|r| r.unwrap().unwrap_err()).collect();
+        let errors: Vec<Arc<String>> = futures::future::join_all(tasks)
+            .await
+            .into_iter()
+            .map(|r| r.unwrap().unwrap_err())
+            .collect();
         let first = errors[0].clone();
         assert!(errors.iter().all(|e| **e == "source unavailable"));
-        assert!(errors.iter().all(|e| Arc::ptr_eq(e, &first)), "{engine:?}: waiters get the leader's Arc");
-        assert_eq!(fetches.load(Ordering::SeqCst), 1, "{engine:?}: the failing fetch ran more than once");
+        assert!(
+            errors.iter().all(|e| Arc::ptr_eq(e, &first)),
+            "{engine:?}: waiters get the leader's Arc"
+        );
+        assert_eq!(
+            fetches.load(Ordering::SeqCst),
+            1,
+            "{engine:?}: the failing fetch ran more than once"
+        );
         // Not cached: the next call fetches again.
-        let got = cache.get_or_fetch(key(2), || async { Ok::<_, String>(Bytes::from_static(b"ok")) }).await.unwrap();
-        assert_eq!((got.value.as_ref(), got.origin), (&b"ok"[..], Origin::Fetch));
+        let got = cache
+            .get_or_fetch(key(2), || async {
+                Ok::<_, String>(Bytes::from_static(b"ok"))
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            (got.value.as_ref(), got.origin),
+            (&b"ok"[..], Origin::Fetch)
+        );
     }
 }

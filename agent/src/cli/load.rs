@@ -13,7 +13,11 @@ pub fn run(agent: &AgentAddr, target: &str, metadata_only: bool) -> Result<()> {
     let target = target.trim_matches('/');
     let (dataset, path) = target.split_once('/').unwrap_or((target, ""));
     let started = Instant::now();
-    let mut reply = agent.call(&AdminRequest::Load { dataset: dataset.into(), path: path.into(), metadata_only })?;
+    let mut reply = agent.call(&AdminRequest::Load {
+        dataset: dataset.into(),
+        path: path.into(),
+        metadata_only,
+    })?;
     let bar = ProgressBar::new(0);
     bar.set_style(
         ProgressStyle::with_template("{spinner} [{elapsed_precise}] {wide_bar} {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta} {msg}")
@@ -28,14 +32,22 @@ pub fn run(agent: &AgentAddr, target: &str, metadata_only: bool) -> Result<()> {
             bar.finish_and_clear();
             let secs = started.elapsed().as_secs_f64();
             if metadata_only {
-                println!("{target}: metadata refreshed: {} files, {} in {secs:.1}s", last.files_total, human_bytes(last.bytes_total));
+                println!(
+                    "{target}: metadata refreshed: {} files, {} in {secs:.1}s",
+                    last.files_total,
+                    human_bytes(last.bytes_total)
+                );
             } else {
                 println!(
                     "{target}: loaded {} files, {} in {secs:.1}s ({}/s){}",
                     last.files_done,
                     human_bytes(last.bytes_done),
                     human_bytes((last.bytes_done as f64 / secs.max(1e-3)) as u64),
-                    if last.errors > 0 { format!(", {} blocks failed (see the agent's log)", last.errors) } else { String::new() }
+                    if last.errors > 0 {
+                        format!(", {} blocks failed (see the agent's log)", last.errors)
+                    } else {
+                        String::new()
+                    }
                 );
             }
             if last.errors > 0 {

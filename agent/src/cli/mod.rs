@@ -78,9 +78,13 @@ impl AgentAddr {
         if let Some(s) = &self.admin_socket {
             return Ok(s.clone());
         }
-        let config = self.config.clone().unwrap_or_else(crate::daemon::default_config_path);
+        let config = self
+            .config
+            .clone()
+            .unwrap_or_else(crate::daemon::default_config_path);
         if config.exists() {
-            let c = sluice::config::Config::load(&config).with_context(|| format!("reading {}", config.display()))?;
+            let c = sluice::config::Config::load(&config)
+                .with_context(|| format!("reading {}", config.display()))?;
             return Ok(c.agent.admin_socket);
         }
         Ok(sluice::config::AgentConfig::default().admin_socket)
@@ -90,12 +94,17 @@ impl AgentAddr {
     pub fn call(&self, req: &AdminRequest) -> Result<AdminReply> {
         let path = self.socket()?;
         let conn = UnixStream::connect(&path).map_err(|e| {
-            anyhow::anyhow!("no agent at {} ({e}): start it with `sluice agent --config …`", path.display())
+            anyhow::anyhow!(
+                "no agent at {} ({e}): start it with `sluice agent --config …`",
+                path.display()
+            )
         })?;
         let mut line = serde_json::to_vec(req)?;
         line.push(b'\n');
         (&conn).write_all(&line)?;
-        Ok(AdminReply { lines: BufReader::new(conn) })
+        Ok(AdminReply {
+            lines: BufReader::new(conn),
+        })
     }
 }
 
@@ -111,7 +120,8 @@ impl AdminReply {
         if self.lines.read_line(&mut line)? == 0 {
             return Ok(None);
         }
-        let v: serde_json::Value = serde_json::from_str(&line).context("agent sent a bad answer")?;
+        let v: serde_json::Value =
+            serde_json::from_str(&line).context("agent sent a bad answer")?;
         if v["type"] == "error" {
             bail!("{}", v["message"].as_str().unwrap_or("agent error"));
         }

@@ -19,7 +19,9 @@ pub fn run(agent: &AgentAddr, json: bool) -> Result<()> {
 /// The agent's status.
 pub fn fetch(agent: &AgentAddr) -> Result<Status> {
     let mut reply = agent.call(&AdminRequest::Status)?;
-    let Some(v) = reply.next()? else { bail!("agent closed the connection without answering") };
+    let Some(v) = reply.next()? else {
+        bail!("agent closed the connection without answering")
+    };
     Ok(serde_json::from_value(v["status"].clone())?)
 }
 
@@ -28,7 +30,15 @@ pub fn table(s: &Status) -> String {
     let mut out = String::new();
     out.push_str(&format!(
         "{:<16} {:>8} {:>11} {:>11} {:>7} {:>6} {:>11} {:>11} {:>11}\n",
-        "DATASET", "FILES", "SIZE", "CACHED", "CACHED%", "HIT%", "FROM MEM", "FROM NVME", "FROM SOURCE"
+        "DATASET",
+        "FILES",
+        "SIZE",
+        "CACHED",
+        "CACHED%",
+        "HIT%",
+        "FROM MEM",
+        "FROM NVME",
+        "FROM SOURCE"
     ));
     for d in &s.datasets {
         out.push_str(&format!(
@@ -45,7 +55,10 @@ pub fn table(s: &Status) -> String {
         ));
     }
     out.push('\n');
-    out.push_str(&format!("{:<8} {:<32} {:>11} {:>11}\n", "TIER", "PATH", "USED", "QUOTA"));
+    out.push_str(&format!(
+        "{:<8} {:<32} {:>11} {:>11}\n",
+        "TIER", "PATH", "USED", "QUOTA"
+    ));
     for t in &s.tiers {
         out.push_str(&format!(
             "{:<8} {:<32} {:>11} {:>11}\n",

@@ -14,8 +14,17 @@ pub fn send_line(sock: &UnixStream, line: &str, fd: Option<BorrowedFd<'_>>) -> s
     let mut data = line.as_bytes().to_vec();
     data.push(b'\n');
     let raw = fd.map(|f| [f.as_raw_fd()]);
-    let cmsgs: Vec<ControlMessage> = raw.as_ref().map(|r| vec![ControlMessage::ScmRights(r)]).unwrap_or_default();
-    sendmsg::<()>(sock.as_raw_fd(), &[IoSlice::new(&data)], &cmsgs, MsgFlags::empty(), None)?;
+    let cmsgs: Vec<ControlMessage> = raw
+        .as_ref()
+        .map(|r| vec![ControlMessage::ScmRights(r)])
+        .unwrap_or_default();
+    sendmsg::<()>(
+        sock.as_raw_fd(),
+        &[IoSlice::new(&data)],
+        &cmsgs,
+        MsgFlags::empty(),
+        None,
+    )?;
     Ok(())
 }
 
@@ -25,7 +34,12 @@ pub fn recv_line(sock: &UnixStream) -> std::io::Result<(String, Option<OwnedFd>)
     let mut buf = vec![0u8; 4096];
     let mut cmsg = nix::cmsg_space!([RawFd; 1]);
     let mut iov = [IoSliceMut::new(&mut buf)];
-    let msg = recvmsg::<()>(sock.as_raw_fd(), &mut iov, Some(&mut cmsg), MsgFlags::MSG_CMSG_CLOEXEC)?;
+    let msg = recvmsg::<()>(
+        sock.as_raw_fd(),
+        &mut iov,
+        Some(&mut cmsg),
+        MsgFlags::MSG_CMSG_CLOEXEC,
+    )?;
     let mut fd = None;
     for c in msg.cmsgs()? {
         if let ControlMessageOwned::ScmRights(fds) = c {
@@ -53,7 +67,11 @@ pub fn replace_fd(target: RawFd, with: BorrowedFd<'_>) -> std::io::Result<()> {
     // the caller controls and that no thread uses right now; dup2 atomically closes and
     // replaces it, so the owner's later close() closes the new duplicate, not a stranger's fd.
     let rc = unsafe { libc::dup2(with.as_raw_fd(), target) };
-    if rc < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) }
+    if rc < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
 }
 
 const FUSE_INIT: u32 = 26;

@@ -27,7 +27,9 @@ pub fn run_keeper(socket: &Path) -> std::io::Result<()> {
     let mut fds: HashMap<String, OwnedFd> = HashMap::new();
     for conn in listener.incoming() {
         let Ok(conn) = conn else { continue };
-        let Ok((line, fd)) = recv_line(&conn) else { continue };
+        let Ok((line, fd)) = recv_line(&conn) else {
+            continue;
+        };
         let (cmd, key) = line.split_once(' ').unwrap_or((line.as_str(), ""));
         let reply = match (cmd, fd) {
             ("PUT", Some(fd)) => {
@@ -64,7 +66,9 @@ impl FdStore {
     /// Connects to the keeper at `socket`, starting one (`<exe> fdstore --socket …`, in its
     /// own process group so a signal to the agent's group does not reach it) if none answers.
     pub fn connect_or_spawn(socket: &Path) -> std::io::Result<FdStore> {
-        let store = FdStore { socket: socket.into() };
+        let store = FdStore {
+            socket: socket.into(),
+        };
         if UnixStream::connect(socket).is_ok() {
             return Ok(store);
         }
@@ -88,10 +92,17 @@ impl FdStore {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        Err(std::io::Error::other(format!("fd keeper did not start on {}", socket.display())))
+        Err(std::io::Error::other(format!(
+            "fd keeper did not start on {}",
+            socket.display()
+        )))
     }
 
-    fn call(&self, line: &str, fd: Option<std::os::fd::BorrowedFd<'_>>) -> std::io::Result<(String, Option<OwnedFd>)> {
+    fn call(
+        &self,
+        line: &str,
+        fd: Option<std::os::fd::BorrowedFd<'_>>,
+    ) -> std::io::Result<(String, Option<OwnedFd>)> {
         let conn = UnixStream::connect(&self.socket)?;
         conn.set_read_timeout(Some(Duration::from_secs(5)))?;
         send_line(&conn, line, fd)?;

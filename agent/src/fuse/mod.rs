@@ -30,11 +30,11 @@ use fuser::{
 };
 use tokio::sync::Semaphore;
 
-use sluice::dataset::Dataset;
 use crate::meta::{Entry, EntryKind, MetaCache};
 use crate::metrics::Metrics;
 use fdstore::FdStore;
 use pool::ReadPool;
+use sluice::dataset::Dataset;
 
 /// The kernel keeps entries and attributes this long: the tree only changes on refresh.
 const TTL: Duration = Duration::from_secs(3600);
@@ -56,7 +56,13 @@ struct Readahead {
 
 impl Readahead {
     /// Updates the state for a read of `size` at `offset` and returns the blocks to prefetch.
-    fn on_read(&mut self, offset: u64, size: u64, file_size: u64, block: u64) -> Option<Range<u64>> {
+    fn on_read(
+        &mut self,
+        offset: u64,
+        size: u64,
+        file_size: u64,
+        block: u64,
+    ) -> Option<Range<u64>> {
         if offset == self.next {
             self.window = (self.window * 2).clamp(1, MAX_WINDOW);
         } else {
@@ -91,16 +97,27 @@ pub struct DatasetFs {
 
 impl DatasetFs {
     /// A filesystem serving `dataset` with the namespace in `meta`; reads run on `pool`.
-    pub fn new(dataset: Arc<Dataset>, meta: Arc<MetaCache>, pool: Arc<ReadPool>, metrics: Arc<Metrics>) -> Self {
+    pub fn new(
+        dataset: Arc<Dataset>,
+        meta: Arc<MetaCache>,
+        pool: Arc<ReadPool>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         // Handles of a previous agent may still be open in the kernel; starting from the
         // clock makes a clash (which would only share readahead state) unlikely.
-        let start = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1) << 8;
+        let start = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1)
+            << 8;
         DatasetFs {
             dataset,
             meta,
             pool,
             metrics,
-            handles: (0..HANDLE_SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            handles: (0..HANDLE_SHARDS)
+                .map(|_| Mutex::new(HashMap::new()))
+                .collect(),
             next_fh: AtomicU64::new(start),
             prefetch: Arc::new(Semaphore::new(PREFETCH_CONCURRENCY)),
         }
@@ -117,7 +134,11 @@ impl DatasetFs {
             mtime: t,
             ctime: t,
             crtime: t,
-            kind: if dir { FileType::Directory } else { FileType::RegularFile },
+            kind: if dir {
+                FileType::Directory
+            } else {
+                FileType::RegularFile
+            },
             perm: if dir { 0o555 } else { 0o444 },
             nlink: if dir { 2 } else { 1 },
             uid: 0,
@@ -158,7 +179,8 @@ impl DatasetFs {
 impl Filesystem for DatasetFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         // Best effort: a resumed connection's synthetic INIT offers no capabilities.
-        let _ = config.add_capabilities(InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO);
+        let _ = config
+            .add_capabilities(InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO);
         let _ = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS);
         if let Err(max) = config.set_max_readahead(MAX_READ) {
             let _ = config.set_max_readahead(max);
@@ -190,9 +212,15 @@ impl Filesystem for DatasetFs {
     fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let start = Instant::now();
         match self.meta.snapshot().get(ino.0) {
-            Some(Entry { kind: EntryKind::File { .. }, .. }) => {
+            Some(Entry {
+                kind: EntryKind::File { .. },
+                ..
+            }) => {
                 let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-                self.shard(fh).lock().unwrap_or_else(|e| e.into_inner()).insert(fh, Readahead::default());
+                self.shard(fh)
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(fh, Readahead::default());
                 reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE);
             }
             Some(_) => reply.error(Errno::EISDIR),
@@ -214,8 +242,17 @@ impl Filesystem for DatasetFs {
     ) {
         let start = Instant::now();
         let tree = self.meta.snapshot();
-        let Some(Entry { kind: EntryKind::File { mount, object }, size: file_size, .. }) = tree.get(ino.0) else {
-            reply.error(if tree.get(ino.0).is_some() { Errno::EISDIR } else { Errno::ENOENT });
+        let Some(Entry {
+            kind: EntryKind::File { mount, object },
+            size: file_size,
+            ..
+        }) = tree.get(ino.0)
+        else {
+            reply.error(if tree.get(ino.0).is_some() {
+                Errno::EISDIR
+            } else {
+                Errno::ENOENT
+            });
             return;
         };
         let block = self.dataset.block_size;
@@ -245,7 +282,9 @@ impl Filesystem for DatasetFs {
 
         for index in prefetch.into_iter().flatten() {
             // Bounded: when the prefetch budget is spent, skip rather than queue.
-            let Ok(permit) = self.prefetch.clone().try_acquire_owned() else { break };
+            let Ok(permit) = self.prefetch.clone().try_acquire_owned() else {
+                break;
+            };
             let ds = self.dataset.clone();
             let t = tree.clone();
             self.pool.spawn(move || async move {
@@ -265,26 +304,46 @@ impl Filesystem for DatasetFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.shard(fh.0).lock().unwrap_or_else(|e| e.into_inner()).remove(&fh.0);
+        self.shard(fh.0)
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&fh.0);
         reply.ok();
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         match self.meta.snapshot().get(ino.0) {
-            Some(Entry { kind: EntryKind::Dir, .. }) => reply.opened(FileHandle(0), FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE),
+            Some(Entry {
+                kind: EntryKind::Dir,
+                ..
+            }) => reply.opened(
+                FileHandle(0),
+                FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
+            ),
             Some(_) => reply.error(Errno::ENOTDIR),
             None => reply.error(Errno::ENOENT),
         }
     }
 
-    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
         let start = Instant::now();
         let Some(entries) = self.readdir_entries(ino.0, offset) else {
             reply.error(Errno::ENOTDIR);
             return;
         };
         for (off, name, e) in entries {
-            let kind = if e.kind == EntryKind::Dir { FileType::Directory } else { FileType::RegularFile };
+            let kind = if e.kind == EntryKind::Dir {
+                FileType::Directory
+            } else {
+                FileType::RegularFile
+            };
             if reply.add(INodeNo(e.ino), off, kind, &name) {
                 break;
             }
@@ -293,14 +352,28 @@ impl Filesystem for DatasetFs {
         self.metrics.fuse_op("readdir", start);
     }
 
-    fn readdirplus(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
         let start = Instant::now();
         let Some(entries) = self.readdir_entries(ino.0, offset) else {
             reply.error(Errno::ENOTDIR);
             return;
         };
         for (off, name, e) in entries {
-            if reply.add(INodeNo(e.ino), off, &name, &TTL, &self.attr(&e), Generation(0)) {
+            if reply.add(
+                INodeNo(e.ino),
+                off,
+                &name,
+                &TTL,
+                &self.attr(&e),
+                Generation(0),
+            ) {
                 break;
             }
         }
@@ -311,15 +384,35 @@ impl Filesystem for DatasetFs {
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         let tree = self.meta.snapshot();
         let (_, bytes) = tree.totals();
-        reply.statfs(bytes.div_ceil(4096), 0, 0, tree.inode_count(), 0, 4096, 255, 4096);
+        reply.statfs(
+            bytes.div_ceil(4096),
+            0,
+            0,
+            tree.inode_count(),
+            0,
+            4096,
+            255,
+            4096,
+        );
     }
 
-    fn getxattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, _size: u32, reply: ReplyXattr) {
+    fn getxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _size: u32,
+        reply: ReplyXattr,
+    ) {
         reply.error(Errno::ENODATA);
     }
 
     fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: ReplyXattr) {
-        if size == 0 { reply.size(0) } else { reply.data(&[]) }
+        if size == 0 {
+            reply.size(0)
+        } else {
+            reply.data(&[])
+        }
     }
 
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
@@ -333,7 +426,12 @@ pub enum ServeError {
     #[error(transparent)]
     Mount(#[from] mount::MountError),
     #[error("dataset {dataset}: FUSE session at {path}: {source}")]
-    Session { dataset: String, path: PathBuf, #[source] source: std::io::Error },
+    Session {
+        dataset: String,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// A mounted, serving dataset.
@@ -380,10 +478,18 @@ fn session_config() -> fuser::Config {
 
 /// Mounts `fs` at `mount_point`, or adopts the live connection kept in `store` from a
 /// previous agent. Stale mounts with no kept connection are detached first.
-pub fn serve(fs: DatasetFs, mount_point: &Path, store: Option<&FdStore>) -> Result<MountedDataset, ServeError> {
+pub fn serve(
+    fs: DatasetFs,
+    mount_point: &Path,
+    store: Option<&FdStore>,
+) -> Result<MountedDataset, ServeError> {
     let dataset = fs.dataset.name.clone();
     let key = mount_point.to_string_lossy().to_string();
-    let session_err = |source| ServeError::Session { dataset: dataset.clone(), path: mount_point.into(), source };
+    let session_err = |source| ServeError::Session {
+        dataset: dataset.clone(),
+        path: mount_point.into(),
+        source,
+    };
 
     if let Some(store) = store
         && mount::mounted_fs_type(mount_point).as_deref() == Some(mount::FS_TYPE)
@@ -395,7 +501,11 @@ pub fn serve(fs: DatasetFs, mount_point: &Path, store: Option<&FdStore>) -> Resu
                     tracing::warn!(%dataset, error = %e, "FUSE_NOTIFY_RESEND failed (kernel < 6.9?): requests the old agent had read will fail");
                 }
                 tracing::info!(%dataset, path = %mount_point.display(), "resumed the kept FUSE connection");
-                return Ok(MountedDataset { mount_point: mount_point.into(), resumed: true, _session: session });
+                return Ok(MountedDataset {
+                    mount_point: mount_point.into(),
+                    resumed: true,
+                    _session: session,
+                });
             }
             Ok(None) => {}
             Err(e) => tracing::warn!(%dataset, error = %e, "fd keeper unavailable; remounting"),
@@ -409,17 +519,27 @@ pub fn serve(fs: DatasetFs, mount_point: &Path, store: Option<&FdStore>) -> Resu
     {
         tracing::warn!(%dataset, error = %e, "could not hand the FUSE fd to the keeper: this mount will not survive an agent crash");
     }
-    let session = Session::from_fd(fs, dev, SessionACL::All, session_config()).map_err(session_err)?;
+    let session =
+        Session::from_fd(fs, dev, SessionACL::All, session_config()).map_err(session_err)?;
     let session = session.spawn().map_err(session_err)?;
     tracing::info!(%dataset, path = %mount_point.display(), "mounted");
-    Ok(MountedDataset { mount_point: mount_point.into(), resumed: false, _session: session })
+    Ok(MountedDataset {
+        mount_point: mount_point.into(),
+        resumed: false,
+        _session: session,
+    })
 }
 
 /// Runs fuser's handshake against a synthetic INIT on a socket, then swaps the socket for
 /// the kept `/dev/fuse` connection (whose real INIT the previous agent already answered).
 fn adopt(fs: DatasetFs, dev: &OwnedFd) -> std::io::Result<fuser::BackgroundSession> {
     use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
-    let (ours, theirs) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)?;
+    let (ours, theirs) = socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )?;
     nix::unistd::write(&theirs, &fd::synthetic_init(MAX_READ))?;
     let session = Session::from_fd(fs, ours, SessionACL::All, session_config())?;
     // No thread uses the session's fd between the handshake and spawn(): swap it now.

@@ -13,11 +13,19 @@ pub const FS_TYPE: &str = "fuse.sluice";
 #[derive(Debug, thiserror::Error)]
 pub enum MountError {
     #[error("mount point {path}: {source}")]
-    Io { path: PathBuf, #[source] source: std::io::Error },
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("cannot open /dev/fuse ({0}): is the fuse module loaded and are we root?")]
     DevFuse(std::io::Error),
     #[error("mount {path}: {source} (FUSE mounts need root / CAP_SYS_ADMIN)")]
-    Mount { path: PathBuf, #[source] source: nix::Error },
+    Mount {
+        path: PathBuf,
+        #[source]
+        source: nix::Error,
+    },
 }
 
 /// The filesystem type mounted exactly at `path`, if any (the last, i.e. top, mount wins).
@@ -28,7 +36,9 @@ pub fn mounted_fs_type(path: &Path) -> Option<String> {
     for line in info.lines() {
         // id parent major:minor root mountpoint opts [optional...] - fstype source superopts
         let mut parts = line.split(" - ");
-        let (Some(left), Some(right)) = (parts.next(), parts.next()) else { continue };
+        let (Some(left), Some(right)) = (parts.next(), parts.next()) else {
+            continue;
+        };
         let mount_point = left.split(' ').nth(4).map(unescape);
         if mount_point.as_deref() == Some(&*want) {
             found = right.split(' ').next().map(str::to_string);
@@ -43,7 +53,10 @@ fn unescape(s: &str) -> String {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
             out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
             i += 4;
         } else {
@@ -58,13 +71,18 @@ fn unescape(s: &str) -> String {
 /// stat fails with ENOTCONN) or a stale Sluice mount is detached lazily first, so nobody has
 /// to `umount -l` by hand after a crash. Returns whether something was detached.
 pub fn clear_mount_point(path: &Path) -> Result<bool, MountError> {
-    let io = |source| MountError::Io { path: path.into(), source };
+    let io = |source| MountError::Io {
+        path: path.into(),
+        source,
+    };
     let mut detached = false;
     // Mounts can be stacked if earlier runs crashed repeatedly: peel them all.
     for _ in 0..16 {
         let dead = matches!(std::fs::metadata(path), Err(ref e) if e.raw_os_error() == Some(libc::ENOTCONN));
         let fs = mounted_fs_type(path);
-        let ours = fs.as_deref().is_some_and(|t| t == FS_TYPE || t.starts_with("fuse"));
+        let ours = fs
+            .as_deref()
+            .is_some_and(|t| t == FS_TYPE || t.starts_with("fuse"));
         if !(dead || ours) {
             break;
         }
@@ -96,7 +114,10 @@ pub fn mount_fuse(path: &Path, dataset: &str, max_read: u32) -> Result<OwnedFd, 
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_RDONLY,
         Some(data.as_str()),
     )
-    .map_err(|source| MountError::Mount { path: path.into(), source })?;
+    .map_err(|source| MountError::Mount {
+        path: path.into(),
+        source,
+    })?;
     Ok(fd)
 }
 

@@ -26,18 +26,25 @@ impl ReadPool {
         let mut senders = Vec::with_capacity(threads);
         for i in 0..threads.max(1) {
             let (tx, mut rx) = mpsc::unbounded_channel::<Job>();
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-            std::thread::Builder::new().name(format!("sluice-read-{i}")).spawn(move || {
-                let local = tokio::task::LocalSet::new();
-                local.block_on(&rt, async move {
-                    while let Some(job) = rx.recv().await {
-                        tokio::task::spawn_local(job());
-                    }
-                });
-            })?;
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            std::thread::Builder::new()
+                .name(format!("sluice-read-{i}"))
+                .spawn(move || {
+                    let local = tokio::task::LocalSet::new();
+                    local.block_on(&rt, async move {
+                        while let Some(job) = rx.recv().await {
+                            tokio::task::spawn_local(job());
+                        }
+                    });
+                })?;
             senders.push(tx);
         }
-        Ok(ReadPool { senders, next: AtomicUsize::new(0) })
+        Ok(ReadPool {
+            senders,
+            next: AtomicUsize::new(0),
+        })
     }
 
     /// Runs the future that `make` builds on one of the reader threads.

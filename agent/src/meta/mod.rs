@@ -76,9 +76,17 @@ pub struct Tree {
 #[derive(Debug, thiserror::Error)]
 pub enum MetaError {
     #[error("metadata file {path}: {source}")]
-    Io { path: PathBuf, #[source] source: std::io::Error },
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("metadata file {path} is corrupt ({source}); delete it to list again")]
-    Corrupt { path: PathBuf, #[source] source: serde_json::Error },
+    Corrupt {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
 }
 
 impl Tree {
@@ -93,18 +101,31 @@ impl Tree {
             let base = mount.name.trim_matches('/');
             for (i, obj) in mounts[m].objects.iter().enumerate() {
                 let key = obj.key.trim_matches('/');
-                if key.is_empty() || key.split('/').any(|c| c.is_empty() || c == "." || c == "..") {
+                if key.is_empty()
+                    || key
+                        .split('/')
+                        .any(|c| c.is_empty() || c == "." || c == "..")
+                {
                     tracing::warn!(mount = %mount.name, key = %obj.key, "skipping object with an unusable path");
                     continue;
                 }
-                let full = if base.is_empty() { key.to_string() } else { format!("{base}/{key}") };
+                let full = if base.is_empty() {
+                    key.to_string()
+                } else {
+                    format!("{base}/{key}")
+                };
                 // Implied parent directories.
                 let mut at = 0;
                 while let Some(pos) = full[at..].find('/') {
                     let dir = &full[..at + pos];
-                    let e = paths.entry(dir.to_string()).or_insert((KIND_DIR, 0, 0, 0, 0));
+                    let e = paths
+                        .entry(dir.to_string())
+                        .or_insert((KIND_DIR, 0, 0, 0, 0));
                     if e.0 != KIND_DIR {
-                        tracing::warn!(path = dir, "object shadowed by a directory of the same name");
+                        tracing::warn!(
+                            path = dir,
+                            "object shadowed by a directory of the same name"
+                        );
                         *e = (KIND_DIR, 0, 0, 0, 0);
                     }
                     at += pos + 1;
@@ -114,7 +135,10 @@ impl Tree {
                         tracing::warn!(path = %full, "object shadowed by a directory of the same name");
                     }
                     _ => {
-                        paths.insert(full, (KIND_FILE, obj.size, obj.modified, m as u32, i as u32));
+                        paths.insert(
+                            full,
+                            (KIND_FILE, obj.size, obj.modified, m as u32, i as u32),
+                        );
                     }
                 }
             }
@@ -122,7 +146,9 @@ impl Tree {
                 let mut at = 0;
                 loop {
                     let end = base[at..].find('/').map(|p| at + p).unwrap_or(base.len());
-                    paths.entry(base[..end].to_string()).or_insert((KIND_DIR, 0, 0, 0, 0));
+                    paths
+                        .entry(base[..end].to_string())
+                        .or_insert((KIND_DIR, 0, 0, 0, 0));
                     if end == base.len() {
                         break;
                     }
@@ -151,7 +177,12 @@ impl Tree {
             });
             ino_of.insert(path.as_str(), ino);
         }
-        let max_ino = ino_of.values().copied().max().unwrap_or(1).max(previous.map(|p| p.nodes.len() as u64).unwrap_or(1));
+        let max_ino = ino_of
+            .values()
+            .copied()
+            .max()
+            .unwrap_or(1)
+            .max(previous.map(|p| p.nodes.len() as u64).unwrap_or(1));
         let mut nodes = vec![Node::default(); max_ino as usize];
         let mut names = String::new();
         let mut by_parent: HashMap<u64, Vec<(&str, u64)>> = HashMap::new();
@@ -161,7 +192,11 @@ impl Tree {
                 Some(p) => (&path[..p], &path[p + 1..]),
                 None => ("", path.as_str()),
             };
-            let parent = if path.is_empty() { ROOT_INO } else { ino_of[parent_path] };
+            let parent = if path.is_empty() {
+                ROOT_INO
+            } else {
+                ino_of[parent_path]
+            };
             let node = &mut nodes[ino as usize - 1];
             node.parent = parent as u32;
             node.name_off = names.len() as u32;
@@ -187,7 +222,12 @@ impl Tree {
         for node in nodes.iter_mut().filter(|n| n.kind == KIND_DIR) {
             node.size = 4096;
         }
-        Tree { nodes, names, children, mounts }
+        Tree {
+            nodes,
+            names,
+            children,
+            mounts,
+        }
     }
 
     fn node(&self, ino: u64) -> Option<&Node> {
@@ -203,9 +243,17 @@ impl Tree {
         let kind = if n.kind == KIND_DIR {
             EntryKind::Dir
         } else {
-            EntryKind::File { mount: n.a as usize, object: n.b as usize }
+            EntryKind::File {
+                mount: n.a as usize,
+                object: n.b as usize,
+            }
         };
-        Entry { ino, kind, size: n.size, mtime: n.mtime }
+        Entry {
+            ino,
+            kind,
+            size: n.size,
+            mtime: n.mtime,
+        }
     }
 
     /// The inode `ino`, if it exists.
@@ -236,7 +284,9 @@ impl Tree {
     /// Children of directory `ino` in name order, from the `skip`-th on (readdir offsets).
     pub fn children_from(&self, ino: u64, skip: usize) -> impl Iterator<Item = (&str, Entry)> + '_ {
         let range = match self.node(ino) {
-            Some(n) if n.kind == KIND_DIR => (n.a as usize + skip).min((n.a + n.b) as usize)..(n.a + n.b) as usize,
+            Some(n) if n.kind == KIND_DIR => {
+                (n.a as usize + skip).min((n.a + n.b) as usize)..(n.a + n.b) as usize
+            }
             _ => 0..0,
         };
         self.children[range].iter().filter_map(move |&k| {
@@ -273,7 +323,12 @@ impl Tree {
         let mut stack = vec![ino];
         while let Some(i) = stack.pop() {
             match self.get(i) {
-                Some(e @ Entry { kind: EntryKind::File { .. }, .. }) => out.push(e),
+                Some(
+                    e @ Entry {
+                        kind: EntryKind::File { .. },
+                        ..
+                    },
+                ) => out.push(e),
                 Some(_) => stack.extend(self.children(i).map(|(_, e)| e.ino)),
                 None => {}
             }
@@ -307,13 +362,27 @@ impl Tree {
     /// Inodes of `old` that the kernel may hold stale: files gone or changed (size, mtime,
     /// version), and every directory (its listing may have changed). Each with its parent
     /// and name in `old`, and whether it is gone.
-    pub fn changed_since<'a>(&'a self, old: &'a Tree) -> impl Iterator<Item = (u64, u64, &'a str, bool)> + 'a {
+    pub fn changed_since<'a>(
+        &'a self,
+        old: &'a Tree,
+    ) -> impl Iterator<Item = (u64, u64, &'a str, bool)> + 'a {
         old.entries().filter_map(move |e| {
-            let gone = self.get(e.ino).is_none_or(|n| (n.kind == EntryKind::Dir) != (e.kind == EntryKind::Dir));
+            let gone = self
+                .get(e.ino)
+                .is_none_or(|n| (n.kind == EntryKind::Dir) != (e.kind == EntryKind::Dir));
             let changed = gone
                 || match (e.kind, self.get(e.ino).map(|n| n.kind)) {
                     (EntryKind::Dir, _) => true,
-                    (EntryKind::File { mount: m0, object: o0 }, Some(EntryKind::File { mount: m1, object: o1 })) => {
+                    (
+                        EntryKind::File {
+                            mount: m0,
+                            object: o0,
+                        },
+                        Some(EntryKind::File {
+                            mount: m1,
+                            object: o1,
+                        }),
+                    ) => {
                         let (a, b) = (old.object(m0, o0), self.object(m1, o1));
                         a.size != b.size || a.modified != b.modified || a.version != b.version
                     }
@@ -333,17 +402,28 @@ impl Tree {
         let data = match std::fs::read(path) {
             Ok(d) => d,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(source) => return Err(MetaError::Io { path: path.into(), source }),
+            Err(source) => {
+                return Err(MetaError::Io {
+                    path: path.into(),
+                    source,
+                });
+            }
         };
         serde_json::from_slice(&data)
             .map(Some)
-            .map_err(|source| MetaError::Corrupt { path: path.into(), source })
+            .map_err(|source| MetaError::Corrupt {
+                path: path.into(),
+                source,
+            })
     }
 
     /// Persists the tree (write to a temporary file, then rename, so a crash never leaves
     /// half a file).
     pub fn save(&self, path: &Path) -> Result<(), MetaError> {
-        let io = |source| MetaError::Io { path: path.into(), source };
+        let io = |source| MetaError::Io {
+            path: path.into(),
+            source,
+        };
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(io)?;
         }
@@ -364,11 +444,16 @@ pub struct MetaCache {
 impl MetaCache {
     /// A cache holding `tree`.
     pub fn new(tree: Tree) -> Self {
-        MetaCache { current: RwLock::new(Arc::new(tree)) }
+        MetaCache {
+            current: RwLock::new(Arc::new(tree)),
+        }
     }
     /// The tree as of now.
     pub fn snapshot(&self) -> Arc<Tree> {
-        self.current.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
     /// Replaces the tree.
     pub fn swap(&self, tree: Tree) {
@@ -381,14 +466,25 @@ mod tests {
     use super::*;
 
     fn obj(key: &str, size: u64) -> ObjectInfo {
-        ObjectInfo { key: key.into(), size, version: None, modified: 0 }
+        ObjectInfo {
+            key: key.into(),
+            size,
+            version: None,
+            modified: 0,
+        }
     }
 
     #[test]
     fn lookup_readdir_and_stable_inodes() {
         let m = vec![
-            MountListing { name: "train".into(), objects: vec![obj("a/x.jpg", 3), obj("a/y.jpg", 4), obj("b.bin", 5)] },
-            MountListing { name: "val".into(), objects: vec![obj("z", 1)] },
+            MountListing {
+                name: "train".into(),
+                objects: vec![obj("a/x.jpg", 3), obj("a/y.jpg", 4), obj("b.bin", 5)],
+            },
+            MountListing {
+                name: "val".into(),
+                objects: vec![obj("z", 1)],
+            },
         ];
         let t = Tree::build(m, None);
         let train = t.lookup(ROOT_INO, "train").unwrap();
@@ -403,12 +499,24 @@ mod tests {
 
         // Refresh: y removed, w added; surviving paths keep their numbers.
         let m2 = vec![
-            MountListing { name: "train".into(), objects: vec![obj("a/x.jpg", 3), obj("a/w.jpg", 9), obj("b.bin", 5)] },
-            MountListing { name: "val".into(), objects: vec![obj("z", 1)] },
+            MountListing {
+                name: "train".into(),
+                objects: vec![obj("a/x.jpg", 3), obj("a/w.jpg", 9), obj("b.bin", 5)],
+            },
+            MountListing {
+                name: "val".into(),
+                objects: vec![obj("z", 1)],
+            },
         ];
         let t2 = Tree::build(m2, Some(&t));
-        assert_eq!(t2.resolve("train/a/x.jpg").unwrap().ino, t.resolve("train/a/x.jpg").unwrap().ino);
-        assert_eq!(t2.resolve("val/z").unwrap().ino, t.resolve("val/z").unwrap().ino);
+        assert_eq!(
+            t2.resolve("train/a/x.jpg").unwrap().ino,
+            t.resolve("train/a/x.jpg").unwrap().ino
+        );
+        assert_eq!(
+            t2.resolve("val/z").unwrap().ino,
+            t.resolve("val/z").unwrap().ino
+        );
         assert!(t2.get(y.ino).is_none());
         let w = t2.resolve("train/a/w.jpg").unwrap();
         assert!(w.ino > t.inode_count());

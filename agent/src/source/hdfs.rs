@@ -28,39 +28,77 @@ pub struct HdfsSource {
 
 impl std::fmt::Debug for HdfsSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HdfsSource").field("id", &self.id).finish_non_exhaustive()
+        f.debug_struct("HdfsSource")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
     }
 }
 
 impl HdfsSource {
     /// Connects lazily to the name node of `hdfs://authority/root`.
-    pub fn new(authority: &str, root: &str, limits: RequestLimits) -> Result<HdfsSource, SourceError> {
+    pub fn new(
+        authority: &str,
+        root: &str,
+        limits: RequestLimits,
+    ) -> Result<HdfsSource, SourceError> {
         let id = format!("hdfs://{authority}/{root}");
         let client = hdfs_native::ClientBuilder::new()
             .with_url(format!("hdfs://{authority}"))
             .build()
-            .map_err(|e| SourceError::Config { source_id: id.clone(), detail: secret::redact(&e.to_string()).into_owned() })?;
+            .map_err(|e| SourceError::Config {
+                source_id: id.clone(),
+                detail: secret::redact(&e.to_string()).into_owned(),
+            })?;
         let permits = Semaphore::new(limits.max_concurrency.max(1));
-        Ok(HdfsSource { id, client, root: format!("/{}", root.trim_matches('/')), permits, limits })
+        Ok(HdfsSource {
+            id,
+            client,
+            root: format!("/{}", root.trim_matches('/')),
+            permits,
+            limits,
+        })
     }
 
     fn classify(&self, key: &str, err: HdfsError) -> SourceError {
         match err {
-            HdfsError::FileNotFound(_) => SourceError::NotFound { source_id: self.id.clone(), key: key.to_string() },
-            HdfsError::SASLError(d) => SourceError::Unauthorized { source_id: self.id.clone(), detail: secret::redact(&d).into_owned() },
-            e => SourceError::Other { source_id: self.id.clone(), detail: secret::redact(&e.to_string()).into_owned() },
+            HdfsError::FileNotFound(_) => SourceError::NotFound {
+                source_id: self.id.clone(),
+                key: key.to_string(),
+            },
+            HdfsError::SASLError(d) => SourceError::Unauthorized {
+                source_id: self.id.clone(),
+                detail: secret::redact(&d).into_owned(),
+            },
+            e => SourceError::Other {
+                source_id: self.id.clone(),
+                detail: secret::redact(&e.to_string()).into_owned(),
+            },
         }
     }
 
-    async fn bounded<T>(&self, what: String, f: impl Future<Output = Result<T, SourceError>>) -> Result<T, SourceError> {
+    async fn bounded<T>(
+        &self,
+        what: String,
+        f: impl Future<Output = Result<T, SourceError>>,
+    ) -> Result<T, SourceError> {
         let started = Instant::now();
         let run = async {
-            let _permit = self.permits.acquire().await.expect("the semaphore is never closed");
+            let _permit = self
+                .permits
+                .acquire()
+                .await
+                .expect("the semaphore is never closed");
             f.await
         };
-        tokio::time::timeout(self.limits.request_timeout, run).await.unwrap_or_else(|_| {
-            Err(SourceError::Timeout { source_id: self.id.clone(), what, secs: started.elapsed().as_secs_f64() })
-        })
+        tokio::time::timeout(self.limits.request_timeout, run)
+            .await
+            .unwrap_or_else(|_| {
+                Err(SourceError::Timeout {
+                    source_id: self.id.clone(),
+                    what,
+                    secs: started.elapsed().as_secs_f64(),
+                })
+            })
     }
 }
 
@@ -77,7 +115,10 @@ impl Source for HdfsSource {
     async fn list(&self) -> Result<Vec<ObjectInfo>, SourceError> {
         let statuses = self
             .bounded("listing".into(), async {
-                self.client.list_status(&self.root, true).await.map_err(|e| self.classify("/", e))
+                self.client
+                    .list_status(&self.root, true)
+                    .await
+                    .map_err(|e| self.classify("/", e))
             })
             .await?;
         let base = format!("{}/", self.root.trim_end_matches('/'));
@@ -100,13 +141,25 @@ impl Source for HdfsSource {
         }
         let path = format!("{}/{}", self.root.trim_end_matches('/'), object.key);
         self.bounded(format!("read {}", object.key), async {
-            let status = self.client.get_file_info(&path).await.map_err(|e| self.classify(&object.key, e))?;
+            let status = self
+                .client
+                .get_file_info(&path)
+                .await
+                .map_err(|e| self.classify(&object.key, e))?;
             if let Some(want) = &object.version
                 && *want != version_of(&status)
             {
-                return Err(SourceError::Changed { source_id: self.id.clone(), key: object.key.clone(), expected: want.clone() });
+                return Err(SourceError::Changed {
+                    source_id: self.id.clone(),
+                    key: object.key.clone(),
+                    expected: want.clone(),
+                });
             }
-            let reader = self.client.read(&path).await.map_err(|e| self.classify(&object.key, e))?;
+            let reader = self
+                .client
+                .read(&path)
+                .await
+                .map_err(|e| self.classify(&object.key, e))?;
             reader
                 .read_range(range.start as usize, (range.end - range.start) as usize)
                 .await

@@ -41,7 +41,11 @@ pub fn unsafe_reason(key: &str) -> Option<&'static str> {
 pub fn clean_listing(source_id: &str, mut objects: Vec<ObjectInfo>) -> Vec<ObjectInfo> {
     // Empty `dir/` objects are directory markers (S3 consoles make them): not files, and
     // too common to warn about.
-    objects.retain(|o| !(o.size == 0 && o.key.ends_with('/') && unsafe_reason(o.key.trim_end_matches('/')).is_none()));
+    objects.retain(|o| {
+        !(o.size == 0
+            && o.key.ends_with('/')
+            && unsafe_reason(o.key.trim_end_matches('/')).is_none())
+    });
     objects.retain(|o| match unsafe_reason(&o.key) {
         None => true,
         Some(reason) => {
@@ -77,12 +81,26 @@ mod tests {
     use super::*;
 
     fn obj(key: &str) -> ObjectInfo {
-        ObjectInfo { key: key.into(), size: 1, version: None, modified: 0 }
+        ObjectInfo {
+            key: key.into(),
+            size: 1,
+            version: None,
+            modified: 0,
+        }
     }
 
     #[test]
     fn hostile_keys_are_dropped() {
-        for k in ["a/../b", "a//b", "./x", "/etc/passwd", "x\0y", "a/", "..", ""] {
+        for k in [
+            "a/../b",
+            "a//b",
+            "./x",
+            "/etc/passwd",
+            "x\0y",
+            "a/",
+            "..",
+            "",
+        ] {
             assert!(unsafe_reason(k).is_some(), "{k:?}");
         }
         for k in ["a/b", "a..b/c", ".hidden", "x y/z"] {
@@ -90,7 +108,18 @@ mod tests {
         }
         let mut marker = obj("c/");
         marker.size = 0;
-        let kept = clean_listing("t", vec![obj("b"), obj("a"), obj("a/x"), obj("a/../b"), obj("c/d/e"), obj("c/d"), marker]);
+        let kept = clean_listing(
+            "t",
+            vec![
+                obj("b"),
+                obj("a"),
+                obj("a/x"),
+                obj("a/../b"),
+                obj("c/d/e"),
+                obj("c/d"),
+                marker,
+            ],
+        );
         let keys: Vec<_> = kept.iter().map(|o| o.key.as_str()).collect();
         assert_eq!(keys, ["a/x", "b", "c/d/e"]);
     }

@@ -18,8 +18,8 @@ pub use mount_point::{MountPoint, Scheme, supported_schemes};
 pub use object::{ObjectSource, RequestLimits, parse_duration};
 
 use std::fmt::Debug;
-use std::sync::Arc;
 use std::ops::Range;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -42,14 +42,30 @@ pub struct ObjectInfo {
 pub enum SourceError {
     #[error("{source_id}: object {key} not found (deleted since listing?)")]
     NotFound { source_id: String, key: String },
-    #[error("{source_id}: object {key} changed since listing (version {expected} no longer current)")]
-    Changed { source_id: String, key: String, expected: String },
+    #[error(
+        "{source_id}: object {key} changed since listing (version {expected} no longer current)"
+    )]
+    Changed {
+        source_id: String,
+        key: String,
+        expected: String,
+    },
     #[error("{source_id}: access denied: check the credentials in secretRefs ({detail})")]
     Unauthorized { source_id: String, detail: String },
     #[error("{source_id}: timed out after {secs:.1}s ({what})")]
-    Timeout { source_id: String, what: String, secs: f64 },
-    #[error("{source_id}: cannot reach {endpoint}: {detail} (is the endpoint right and the store running?)")]
-    Unreachable { source_id: String, endpoint: String, detail: String },
+    Timeout {
+        source_id: String,
+        what: String,
+        secs: f64,
+    },
+    #[error(
+        "{source_id}: cannot reach {endpoint}: {detail} (is the endpoint right and the store running?)"
+    )]
+    Unreachable {
+        source_id: String,
+        endpoint: String,
+        detail: String,
+    },
     #[error("{source_id}: invalid mount: {detail}")]
     Config { source_id: String, detail: String },
     #[error("{source_id}: {detail}")]
@@ -62,9 +78,16 @@ pub fn open(spec: &crate::config::MountSpec) -> Result<Arc<dyn Source>, SourceEr
     if let Ok(mount) = MountPoint::parse(&spec.mount_point)
         && mount.scheme == Scheme::Hdfs
     {
-        let limits = object::limits_from_options(&spec.options)
-            .map_err(|detail| SourceError::Config { source_id: spec.mount_point.clone(), detail })?;
-        return Ok(Arc::new(HdfsSource::new(&mount.bucket, &mount.prefix, limits)?));
+        let limits =
+            object::limits_from_options(&spec.options).map_err(|detail| SourceError::Config {
+                source_id: spec.mount_point.clone(),
+                detail,
+            })?;
+        return Ok(Arc::new(HdfsSource::new(
+            &mount.bucket,
+            &mount.prefix,
+            limits,
+        )?));
     }
     Ok(Arc::new(ObjectSource::from_spec(spec)?))
 }

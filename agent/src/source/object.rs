@@ -37,7 +37,9 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
-use object_store::{BackoffConfig, ClientOptions, GetOptions, GetRange, ObjectMeta, ObjectStore, RetryConfig};
+use object_store::{
+    BackoffConfig, ClientOptions, GetOptions, GetRange, ObjectMeta, ObjectStore, RetryConfig,
+};
 use tokio::sync::Semaphore;
 
 use super::mount_point::{MountPoint, Scheme};
@@ -88,28 +90,55 @@ pub struct ObjectSource {
     s3_list: Option<S3Lister>,
 }
 
-const COMMON_OPTIONS: &[&str] = &["maxConcurrency", "requestTimeout", "connectTimeout", "maxRetries", "listConcurrency"];
+const COMMON_OPTIONS: &[&str] = &[
+    "maxConcurrency",
+    "requestTimeout",
+    "connectTimeout",
+    "maxRetries",
+    "listConcurrency",
+];
 
 impl ObjectSource {
     /// Builds the source a mount describes: parses the mount point, checks the options and
     /// loads the secrets. Makes no request.
     pub fn from_spec(spec: &MountSpec) -> Result<ObjectSource, SourceError> {
-        let mount = MountPoint::parse(&spec.mount_point)
-            .map_err(|detail| SourceError::Config { source_id: spec.mount_point.clone(), detail })?;
+        let mount = MountPoint::parse(&spec.mount_point).map_err(|detail| SourceError::Config {
+            source_id: spec.mount_point.clone(),
+            detail,
+        })?;
         let opts = &spec.options;
         let scheme_options: &[&str] = match mount.scheme {
-            Scheme::S3 => &["endpoint", "region", "pathStyle", "allowHttp", "skipSignature"],
+            Scheme::S3 => &[
+                "endpoint",
+                "region",
+                "pathStyle",
+                "allowHttp",
+                "skipSignature",
+            ],
             Scheme::Gcs => &["endpoint", "allowHttp", "skipSignature"],
-            Scheme::Azure => &["endpoint", "account", "allowHttp", "skipSignature", "useEmulator"],
+            Scheme::Azure => &[
+                "endpoint",
+                "account",
+                "allowHttp",
+                "skipSignature",
+                "useEmulator",
+            ],
             Scheme::Http => &["allowHttp"],
             Scheme::File | Scheme::Hdfs => &[],
         };
-        let config_err = |detail: String| SourceError::Config { source_id: spec.mount_point.clone(), detail };
+        let config_err = |detail: String| SourceError::Config {
+            source_id: spec.mount_point.clone(),
+            detail,
+        };
         for name in opts.keys() {
-            if !COMMON_OPTIONS.contains(&name.as_str()) && !scheme_options.contains(&name.as_str()) {
+            if !COMMON_OPTIONS.contains(&name.as_str()) && !scheme_options.contains(&name.as_str())
+            {
                 let mut known: Vec<&str> = COMMON_OPTIONS.to_vec();
                 known.extend_from_slice(scheme_options);
-                return Err(config_err(format!("unknown option {name:?}; this scheme accepts {}", known.join(", "))));
+                return Err(config_err(format!(
+                    "unknown option {name:?}; this scheme accepts {}",
+                    known.join(", ")
+                )));
             }
         }
         let limits = limits_from_options(opts).map_err(config_err)?;
@@ -125,8 +154,14 @@ impl ObjectSource {
             Scheme::Http => &["bearerToken"],
             Scheme::File | Scheme::Hdfs => &[],
         };
-        if let Some(k) = secrets.keys().find(|k| !allowed_secrets.contains(&k.as_str())) {
-            return Err(config_err(format!("unknown secret key {k:?}; this scheme accepts {}", allowed_secrets.join(", "))));
+        if let Some(k) = secrets
+            .keys()
+            .find(|k| !allowed_secrets.contains(&k.as_str()))
+        {
+            return Err(config_err(format!(
+                "unknown secret key {k:?}; this scheme accepts {}",
+                allowed_secrets.join(", ")
+            )));
         }
 
         let endpoint = opts.get("endpoint").cloned();
@@ -135,10 +170,19 @@ impl ObjectSource {
         }
         let allow_http = match opts.get("allowHttp") {
             Some(v) => parse_bool("allowHttp", v).map_err(config_err)?,
-            None => endpoint.as_deref().is_some_and(|e| e.starts_with("http://"))
-                || spec.mount_point.starts_with("http://"),
+            None => {
+                endpoint
+                    .as_deref()
+                    .is_some_and(|e| e.starts_with("http://"))
+                    || spec.mount_point.starts_with("http://")
+            }
         };
-        let skip_signature = opts.get("skipSignature").map(|v| parse_bool("skipSignature", v)).transpose().map_err(config_err)?.unwrap_or(false);
+        let skip_signature = opts
+            .get("skipSignature")
+            .map(|v| parse_bool("skipSignature", v))
+            .transpose()
+            .map_err(config_err)?
+            .unwrap_or(false);
         let client = ClientOptions::new()
             .with_allow_http(allow_http)
             .with_connect_timeout(limits.connect_timeout)
@@ -146,22 +190,36 @@ impl ObjectSource {
             // something else forgot.
             .with_timeout(limits.request_timeout + Duration::from_secs(1));
         let retry = RetryConfig {
-            backoff: BackoffConfig { init_backoff: Duration::from_millis(100), max_backoff: Duration::from_secs(2), base: 2.0 },
+            backoff: BackoffConfig {
+                init_backoff: Duration::from_millis(100),
+                max_backoff: Duration::from_secs(2),
+                base: 2.0,
+            },
             max_retries: limits.max_retries,
             retry_timeout: limits.request_timeout,
         };
         let secret = |k: &str| secrets.get(k).map(|s| s.expose().to_string());
-        let build_err = |e: object_store::Error| config_err(secret::redact(&e.to_string()).into_owned());
+        let build_err =
+            |e: object_store::Error| config_err(secret::redact(&e.to_string()).into_owned());
 
         let mut s3_list = None;
         let prefix = match mount.prefix.as_str() {
             "" => None,
             p => Some(Path::parse(p).map_err(|e| config_err(format!("prefix {p:?}: {e}")))?),
         };
-        let (id, shown_endpoint, store): (String, String, Arc<dyn ObjectStore>) = match mount.scheme {
+        let (id, shown_endpoint, store): (String, String, Arc<dyn ObjectStore>) = match mount.scheme
+        {
             Scheme::S3 => {
-                let region = opts.get("region").cloned().unwrap_or_else(|| "us-east-1".into());
-                let path_style = opts.get("pathStyle").map(|v| parse_bool("pathStyle", v)).transpose().map_err(config_err)?.unwrap_or(true);
+                let region = opts
+                    .get("region")
+                    .cloned()
+                    .unwrap_or_else(|| "us-east-1".into());
+                let path_style = opts
+                    .get("pathStyle")
+                    .map(|v| parse_bool("pathStyle", v))
+                    .transpose()
+                    .map_err(config_err)?
+                    .unwrap_or(true);
                 let mut b = object_store::aws::AmazonS3Builder::new()
                     .with_bucket_name(&mount.bucket)
                     .with_region(&region)
@@ -181,7 +239,10 @@ impl ObjectSource {
                 if let Some(v) = secret("sessionToken") {
                     b = b.with_token(v);
                 }
-                let shown = endpoint.as_deref().map(display_url).unwrap_or_else(|| format!("s3.{region}.amazonaws.com"));
+                let shown = endpoint
+                    .as_deref()
+                    .map(display_url)
+                    .unwrap_or_else(|| format!("s3.{region}.amazonaws.com"));
                 let id = match &endpoint {
                     Some(e) => join_id("s3", &[&host_of(e), &mount.bucket, &mount.prefix]),
                     None => join_id("s3", &[&mount.bucket, &mount.prefix]),
@@ -189,7 +250,11 @@ impl ObjectSource {
                 // Static keys (or none at all) can sign our own listing requests; other
                 // credential chains (instance metadata, web identity) stay with object_store.
                 let credential = match (secret("accessKeyId"), secret("secretAccessKey")) {
-                    (Some(key_id), Some(secret_key)) => Some(object_store::aws::AwsCredential { key_id, secret_key, token: secret("sessionToken") }),
+                    (Some(key_id), Some(secret_key)) => Some(object_store::aws::AwsCredential {
+                        key_id,
+                        secret_key,
+                        token: secret("sessionToken"),
+                    }),
                     _ => None,
                 };
                 if credential.is_some() || skip_signature {
@@ -225,7 +290,10 @@ impl ObjectSource {
                 if let Some(v) = secret("bearerToken") {
                     b = b.with_bearer_token(v);
                 }
-                let shown = endpoint.as_deref().map(display_url).unwrap_or_else(|| "storage.googleapis.com".into());
+                let shown = endpoint
+                    .as_deref()
+                    .map(display_url)
+                    .unwrap_or_else(|| "storage.googleapis.com".into());
                 let id = match &endpoint {
                     Some(e) => join_id("gs", &[&host_of(e), &mount.bucket, &mount.prefix]),
                     None => join_id("gs", &[&mount.bucket, &mount.prefix]),
@@ -234,7 +302,12 @@ impl ObjectSource {
             }
             Scheme::Azure => {
                 let account = opts.get("account").cloned().or(mount.account.clone());
-                let use_emulator = opts.get("useEmulator").map(|v| parse_bool("useEmulator", v)).transpose().map_err(config_err)?.unwrap_or(false);
+                let use_emulator = opts
+                    .get("useEmulator")
+                    .map(|v| parse_bool("useEmulator", v))
+                    .transpose()
+                    .map_err(config_err)?
+                    .unwrap_or(false);
                 let mut b = object_store::azure::MicrosoftAzureBuilder::new()
                     .with_container_name(&mount.bucket)
                     .with_use_emulator(use_emulator)
@@ -255,7 +328,10 @@ impl ObjectSource {
                     b = b.with_bearer_token_authorization(v);
                 }
                 let acct = account.clone().unwrap_or_default();
-                let shown = endpoint.as_deref().map(display_url).unwrap_or_else(|| format!("{acct}.blob.core.windows.net"));
+                let shown = endpoint
+                    .as_deref()
+                    .map(display_url)
+                    .unwrap_or_else(|| format!("{acct}.blob.core.windows.net"));
                 let id = match &endpoint {
                     Some(e) => join_id("az", &[&host_of(e), &acct, &mount.bucket, &mount.prefix]),
                     None => join_id("az", &[&acct, &mount.bucket, &mount.prefix]),
@@ -268,23 +344,46 @@ impl ObjectSource {
                 if let Some(token) = secret("bearerToken") {
                     let mut headers = object_store::HeaderMap::new();
                     let mut v = object_store::HeaderValue::from_str(&format!("Bearer {token}"))
-                        .map_err(|_| config_err("secret bearerToken is not a valid header value".into()))?;
+                        .map_err(|_| {
+                            config_err("secret bearerToken is not a valid header value".into())
+                        })?;
                     v.set_sensitive(true);
                     headers.insert("authorization", v);
                     client = client.with_default_headers(headers);
                 }
-                let b = object_store::http::HttpBuilder::new().with_url(&mount.bucket).with_client_options(client).with_retry(retry);
+                let b = object_store::http::HttpBuilder::new()
+                    .with_url(&mount.bucket)
+                    .with_client_options(client)
+                    .with_retry(retry);
                 let shown = display_url(&mount.bucket);
-                (shown.clone(), shown, Arc::new(b.build().map_err(build_err)?))
+                (
+                    shown.clone(),
+                    shown,
+                    Arc::new(b.build().map_err(build_err)?),
+                )
             }
             Scheme::File => {
                 let store = object_store::local::LocalFileSystem::new_with_prefix(&mount.prefix)
-                    .map_err(|e| config_err(format!("{}: {}", mount.prefix, secret::redact(&e.to_string()))))?;
+                    .map_err(|e| {
+                        config_err(format!(
+                            "{}: {}",
+                            mount.prefix,
+                            secret::redact(&e.to_string())
+                        ))
+                    })?;
                 let id = format!("file://{}", mount.prefix);
-                return Ok(ObjectSource::from_store(id.clone(), id, Arc::new(store), None, limits));
+                return Ok(ObjectSource::from_store(
+                    id.clone(),
+                    id,
+                    Arc::new(store),
+                    None,
+                    limits,
+                ));
             }
             Scheme::Hdfs => {
-                return Err(config_err("hdfs mounts are accepted by this build but not served yet".into()));
+                return Err(config_err(
+                    "hdfs mounts are accepted by this build but not served yet".into(),
+                ));
             }
         };
         let mut source = ObjectSource::from_store(id, shown_endpoint, store, prefix, limits);
@@ -301,7 +400,15 @@ impl ObjectSource {
         limits: RequestLimits,
     ) -> ObjectSource {
         let permits = Semaphore::new(limits.max_concurrency.max(1));
-        ObjectSource { id, endpoint, store, prefix, permits, limits, s3_list: None }
+        ObjectSource {
+            id,
+            endpoint,
+            store,
+            prefix,
+            permits,
+            limits,
+            s3_list: None,
+        }
     }
 
     /// The limits this source applies.
@@ -324,7 +431,11 @@ impl ObjectSource {
         };
         // Waiting for a permit counts against the deadline: the reader sees the same bound.
         let result = tokio::time::timeout(self.limits.request_timeout, async {
-            let _permit = self.permits.acquire().await.expect("the semaphore is never closed");
+            let _permit = self
+                .permits
+                .acquire()
+                .await
+                .expect("the semaphore is never closed");
             request.await
         })
         .await;
@@ -348,8 +459,12 @@ impl ObjectSource {
         let detail = secret::error_chain(&err);
         tracing::debug!(source = %source_id, key, error = %detail, "store request failed");
         match err {
-            object_store::Error::NotFound { .. } => SourceError::NotFound { source_id, key: key.to_string() },
-            object_store::Error::PermissionDenied { .. } | object_store::Error::Unauthenticated { .. } => {
+            object_store::Error::NotFound { .. } => SourceError::NotFound {
+                source_id,
+                key: key.to_string(),
+            },
+            object_store::Error::PermissionDenied { .. }
+            | object_store::Error::Unauthenticated { .. } => {
                 SourceError::Unauthorized { source_id, detail }
             }
             // Listing errors arrive as `Generic` with the HTTP status only in the text.
@@ -363,10 +478,18 @@ impl ObjectSource {
                     if let Some(h) = c.downcast_ref::<object_store::client::HttpError>() {
                         match h.kind() {
                             object_store::client::HttpErrorKind::Connect => {
-                                return SourceError::Unreachable { source_id, endpoint: self.endpoint.clone(), detail };
+                                return SourceError::Unreachable {
+                                    source_id,
+                                    endpoint: self.endpoint.clone(),
+                                    detail,
+                                };
                             }
                             object_store::client::HttpErrorKind::Timeout => {
-                                return SourceError::Timeout { source_id, what: format!("request for {key}"), secs: self.limits.request_timeout.as_secs_f64() };
+                                return SourceError::Timeout {
+                                    source_id,
+                                    what: format!("request for {key}"),
+                                    secs: self.limits.request_timeout.as_secs_f64(),
+                                };
                             }
                             _ => {}
                         }
@@ -374,7 +497,11 @@ impl ObjectSource {
                     if let Some(io) = c.downcast_ref::<std::io::Error>()
                         && io.kind() == std::io::ErrorKind::ConnectionRefused
                     {
-                        return SourceError::Unreachable { source_id, endpoint: self.endpoint.clone(), detail };
+                        return SourceError::Unreachable {
+                            source_id,
+                            endpoint: self.endpoint.clone(),
+                            detail,
+                        };
                     }
                     cause = c.source();
                 }
@@ -386,7 +513,11 @@ impl ObjectSource {
     /// Every object under `prefix` (recursively), page by page, each page under the deadline.
     async fn list_prefix(&self, prefix: Path) -> Result<Vec<ObjectMeta>, SourceError> {
         let what = prefix.to_string();
-        let _permit = self.permits.acquire().await.expect("the semaphore is never closed");
+        let _permit = self
+            .permits
+            .acquire()
+            .await
+            .expect("the semaphore is never closed");
         let mut stream = self.store.list(Some(&prefix));
         let mut out = Vec::new();
         loop {
@@ -406,12 +537,23 @@ impl ObjectSource {
     }
 
     /// Every page under `prefix` through our own S3 listing, each page under the deadline.
-    async fn list_raw_prefix(&self, lister: &S3Lister, prefix: String, delimited: bool) -> Result<(Vec<RawObject>, Vec<String>), SourceError> {
+    async fn list_raw_prefix(
+        &self,
+        lister: &S3Lister,
+        prefix: String,
+        delimited: bool,
+    ) -> Result<(Vec<RawObject>, Vec<String>), SourceError> {
         let mut objects = Vec::new();
         let mut prefixes = Vec::new();
         let mut token: Option<String> = None;
         loop {
-            let page = self.call("listing", &prefix, lister.page(&prefix, delimited, token.as_deref())).await?;
+            let page = self
+                .call(
+                    "listing",
+                    &prefix,
+                    lister.page(&prefix, delimited, token.as_deref()),
+                )
+                .await?;
             objects.extend(page.objects);
             prefixes.extend(page.prefixes);
             match page.next {
@@ -438,7 +580,12 @@ impl ObjectSource {
             .into_iter()
             .filter_map(|o| {
                 let key = o.key.strip_prefix(&base)?.to_string();
-                Some(ObjectInfo { key, size: o.size, version: o.etag, modified: o.modified })
+                Some(ObjectInfo {
+                    key,
+                    size: o.size,
+                    version: o.etag,
+                    modified: o.modified,
+                })
             })
             .collect();
         Ok(key::clean_listing(&self.id, objects))
@@ -449,7 +596,10 @@ impl ObjectSource {
         let full = meta.location.as_ref();
         match &self.prefix {
             None => Some(full.to_string()),
-            Some(p) => full.strip_prefix(p.as_ref())?.strip_prefix('/').map(str::to_string),
+            Some(p) => full
+                .strip_prefix(p.as_ref())?
+                .strip_prefix('/')
+                .map(str::to_string),
         }
     }
 }
@@ -468,7 +618,10 @@ impl Source for ObjectSource {
         // listed in parallel: a flat listing of millions of keys is one slow page chain.
         let top = self
             .call("listing", "/", async {
-                self.store.list_with_delimiter(self.prefix.as_ref()).await.map_err(|e| self.classify("/", e))
+                self.store
+                    .list_with_delimiter(self.prefix.as_ref())
+                    .await
+                    .map_err(|e| self.classify("/", e))
             })
             .await?;
         let mut metas = top.objects;
@@ -511,7 +664,10 @@ impl Source for ObjectSource {
         self.call("read", &object.key, async {
             let result = match self.store.get_opts(&location, options).await {
                 Ok(r) => r,
-                Err(object_store::Error::Precondition { .. } | object_store::Error::NotModified { .. }) => return Err(changed()),
+                Err(
+                    object_store::Error::Precondition { .. }
+                    | object_store::Error::NotModified { .. },
+                ) => return Err(changed()),
                 Err(e) => return Err(self.classify(&object.key, e)),
             };
             // Some stores ignore If-Match on ranged GETs; the answer's ETag tells the truth.
@@ -520,14 +676,19 @@ impl Source for ObjectSource {
             {
                 return Err(changed());
             }
-            result.bytes().await.map_err(|e| self.classify(&object.key, e))
+            result
+                .bytes()
+                .await
+                .map_err(|e| self.classify(&object.key, e))
         })
         .await
     }
 }
 
 /// Reads the common request options.
-pub(super) fn limits_from_options(opts: &BTreeMap<String, String>) -> Result<RequestLimits, String> {
+pub(super) fn limits_from_options(
+    opts: &BTreeMap<String, String>,
+) -> Result<RequestLimits, String> {
     let mut l = RequestLimits::default();
     if let Some(v) = opts.get("maxConcurrency") {
         l.max_concurrency = parse_count("maxConcurrency", v)?;
@@ -536,7 +697,10 @@ pub(super) fn limits_from_options(opts: &BTreeMap<String, String>) -> Result<Req
         l.list_concurrency = parse_count("listConcurrency", v)?;
     }
     if let Some(v) = opts.get("maxRetries") {
-        l.max_retries = v.trim().parse().map_err(|_| format!("maxRetries: expected a number, got {v:?}"))?;
+        l.max_retries = v
+            .trim()
+            .parse()
+            .map_err(|_| format!("maxRetries: expected a number, got {v:?}"))?;
     }
     if let Some(v) = opts.get("requestTimeout") {
         l.request_timeout = parse_duration(v).map_err(|e| format!("requestTimeout: {e}"))?;
@@ -565,15 +729,23 @@ fn parse_bool(name: &str, v: &str) -> Result<bool, String> {
 /// `30s`, `500ms`, `2m`, `1h`, or a plain number of seconds.
 pub fn parse_duration(v: &str) -> Result<Duration, String> {
     let s = v.trim();
-    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
-    let n: f64 = num.parse().map_err(|_| format!("invalid duration {v:?}: expected e.g. 30s, 500ms, 2m"))?;
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("invalid duration {v:?}: expected e.g. 30s, 500ms, 2m"))?;
     let secs = match unit.trim() {
         "" | "s" => n,
         "ms" => n / 1000.0,
         "m" => n * 60.0,
         "h" => n * 3600.0,
-        _ => return Err(format!("invalid duration {v:?}: expected e.g. 30s, 500ms, 2m")),
+        _ => {
+            return Err(format!(
+                "invalid duration {v:?}: expected e.g. 30s, 500ms, 2m"
+            ));
+        }
     };
     if secs <= 0.0 {
         return Err(format!("invalid duration {v:?}: must be positive"));
@@ -585,17 +757,31 @@ pub fn parse_duration(v: &str) -> Result<Duration, String> {
 fn display_url(url: &str) -> String {
     let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
     let rest = rest.split(['?', '#']).next().unwrap_or("");
-    let (authority, path) = rest.split_once('/').map(|(a, p)| (a, format!("/{p}"))).unwrap_or((rest, String::new()));
-    let host = authority.rsplit_once('@').map(|(_, h)| h).unwrap_or(authority);
+    let (authority, path) = rest
+        .split_once('/')
+        .map(|(a, p)| (a, format!("/{p}")))
+        .unwrap_or((rest, String::new()));
+    let host = authority
+        .rsplit_once('@')
+        .map(|(_, h)| h)
+        .unwrap_or(authority);
     let path = path.trim_end_matches('/');
-    if scheme.is_empty() { format!("{host}{path}") } else { format!("{scheme}://{host}{path}") }
+    if scheme.is_empty() {
+        format!("{host}{path}")
+    } else {
+        format!("{scheme}://{host}{path}")
+    }
 }
 
 /// `host[:port]` of a URL, without userinfo.
 fn host_of(url: &str) -> String {
     let rest = url.split_once("://").map(|(_, r)| r).unwrap_or(url);
     let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
-    authority.rsplit_once('@').map(|(_, h)| h).unwrap_or(authority).to_string()
+    authority
+        .rsplit_once('@')
+        .map(|(_, h)| h)
+        .unwrap_or(authority)
+        .to_string()
 }
 
 /// Puts a password or token found in a URL (userinfo or query values) on the redaction
@@ -627,7 +813,10 @@ mod tests {
 
     #[test]
     fn urls_in_messages_carry_no_credentials() {
-        assert_eq!(display_url("http://user:pw@host:1/a/?sig=x"), "http://host:1/a");
+        assert_eq!(
+            display_url("http://user:pw@host:1/a/?sig=x"),
+            "http://host:1/a"
+        );
         assert_eq!(host_of("https://u:p@h:9/x"), "h:9");
         assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
         assert!(parse_duration("5 parsecs").is_err());

@@ -92,8 +92,13 @@ pub struct ListerConfig<'a> {
 
 impl S3Lister {
     pub fn new(c: ListerConfig<'_>) -> Result<S3Lister, String> {
-        let client = ReqwestConnector::default().connect(c.client).map_err(|e| e.to_string())?;
-        let host = c.endpoint.map(|e| e.trim_end_matches('/').to_string()).unwrap_or_else(|| format!("https://s3.{}.amazonaws.com", c.region));
+        let client = ReqwestConnector::default()
+            .connect(c.client)
+            .map_err(|e| e.to_string())?;
+        let host = c
+            .endpoint
+            .map(|e| e.trim_end_matches('/').to_string())
+            .unwrap_or_else(|| format!("https://s3.{}.amazonaws.com", c.region));
         let bucket_url = if c.path_style {
             format!("{host}/{}", c.bucket)
         } else {
@@ -112,8 +117,16 @@ impl S3Lister {
     }
 
     /// One page of keys under `prefix` (raw, e.g. `ds/`), with `/` as delimiter if asked.
-    pub async fn page(&self, prefix: &str, delimited: bool, token: Option<&str>) -> Result<Page, SourceError> {
-        let mut query = vec![("list-type", "2".to_string()), ("encoding-type", "url".to_string())];
+    pub async fn page(
+        &self,
+        prefix: &str,
+        delimited: bool,
+        token: Option<&str>,
+    ) -> Result<Page, SourceError> {
+        let mut query = vec![
+            ("list-type", "2".to_string()),
+            ("encoding-type", "url".to_string()),
+        ];
         if !prefix.is_empty() {
             query.push(("prefix", prefix.to_string()));
         }
@@ -123,7 +136,10 @@ impl S3Lister {
         if let Some(t) = token {
             query.push(("continuation-token", t.to_string()));
         }
-        let query: Vec<String> = query.iter().map(|(k, v)| format!("{k}={}", encode(v))).collect();
+        let query: Vec<String> = query
+            .iter()
+            .map(|(k, v)| format!("{k}={}", encode(v)))
+            .collect();
         let url = format!("{}?{}", self.bucket_url, query.join("&"));
         let mut attempt = 0;
         loop {
@@ -157,31 +173,48 @@ impl S3Lister {
                 let detail = secret::error_chain(&e);
                 tracing::debug!(source = %self.source_id, error = %detail, "store request failed");
                 return Err(match e.kind() {
-                    HttpErrorKind::Connect => {
-                        (true, SourceError::Unreachable { source_id: self.source_id.clone(), endpoint: self.endpoint.clone(), detail })
-                    }
+                    HttpErrorKind::Connect => (
+                        true,
+                        SourceError::Unreachable {
+                            source_id: self.source_id.clone(),
+                            endpoint: self.endpoint.clone(),
+                            detail,
+                        },
+                    ),
                     _ => (true, self.other(detail)),
                 });
             }
         };
         let status = response.status();
-        let body = response.into_body().bytes().await.map_err(|e| (true, self.other(e.to_string())))?;
+        let body = response
+            .into_body()
+            .bytes()
+            .await
+            .map_err(|e| (true, self.other(e.to_string())))?;
         if status.is_success() {
             return Ok(body.to_vec());
         }
         let text = String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned();
-        let detail = secret::redact(&format!("listing failed with HTTP {status}: {text}")).into_owned();
+        let detail =
+            secret::redact(&format!("listing failed with HTTP {status}: {text}")).into_owned();
         tracing::debug!(source = %self.source_id, error = %detail, "store request failed");
         Err(match status.as_u16() {
-            401 | 403 => (false, SourceError::Unauthorized { source_id: self.source_id.clone(), detail }),
+            401 | 403 => (
+                false,
+                SourceError::Unauthorized {
+                    source_id: self.source_id.clone(),
+                    detail,
+                },
+            ),
             s => (s >= 500 || s == 429, self.other(detail)),
         })
     }
 
     fn parse(&self, body: &[u8]) -> Result<Page, SourceError> {
-        let text = std::str::from_utf8(body).map_err(|_| self.other("listing response is not UTF-8".into()))?;
-        let result: ListBucketResult =
-            quick_xml::de::from_str(text).map_err(|e| self.other(format!("cannot parse listing response: {e}")))?;
+        let text = std::str::from_utf8(body)
+            .map_err(|_| self.other("listing response is not UTF-8".into()))?;
+        let result: ListBucketResult = quick_xml::de::from_str(text)
+            .map_err(|e| self.other(format!("cannot parse listing response: {e}")))?;
         let encoded = result.encoding_type.as_deref() == Some("url");
         let decode_key = |k: String| if encoded { decode(&k) } else { k };
         Ok(Page {
@@ -199,13 +232,20 @@ impl S3Lister {
                         .unwrap_or(0),
                 })
                 .collect(),
-            prefixes: result.common_prefixes.into_iter().map(|p| decode_key(p.prefix)).collect(),
+            prefixes: result
+                .common_prefixes
+                .into_iter()
+                .map(|p| decode_key(p.prefix))
+                .collect(),
             next: result.next_continuation_token,
         })
     }
 
     fn other(&self, detail: String) -> SourceError {
-        SourceError::Other { source_id: self.source_id.clone(), detail: secret::redact(&detail).into_owned() }
+        SourceError::Other {
+            source_id: self.source_id.clone(),
+            detail: secret::redact(&detail).into_owned(),
+        }
     }
 }
 
@@ -231,7 +271,10 @@ fn decode(v: &str) -> String {
         match bytes[i] {
             b'+' => out.push(b' '),
             b'%' if i + 2 < bytes.len() => {
-                match u8::from_str_radix(std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("zz"), 16) {
+                match u8::from_str_radix(
+                    std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("zz"),
+                    16,
+                ) {
                     Ok(b) => {
                         out.push(b);
                         i += 2;

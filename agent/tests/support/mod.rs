@@ -24,13 +24,19 @@ use object_store::{ClientOptions, ObjectStore, ObjectStoreExt, PutPayload};
 /// A free TCP port on 127.0.0.1 (bound and released; the kernel does not hand it out again
 /// right away).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// `name` on PATH, or in pyenv's shims where pip puts it.
 pub fn find_program(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| "/root".into());
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| "/root".into());
     std::env::split_paths(&path)
         .chain([home.join(".pyenv/shims"), home.join(".local/bin")])
         .map(|d| d.join(name))
@@ -47,8 +53,14 @@ impl Server {
     fn spawn(mut cmd: Command, log: PathBuf) -> std::io::Result<Server> {
         use std::os::unix::process::CommandExt;
         let out = std::fs::File::create(&log)?;
-        cmd.stdout(out.try_clone()?).stderr(out).stdin(Stdio::null()).process_group(0);
-        Ok(Server { child: cmd.spawn()?, log })
+        cmd.stdout(out.try_clone()?)
+            .stderr(out)
+            .stdin(Stdio::null())
+            .process_group(0);
+        Ok(Server {
+            child: cmd.spawn()?,
+            log,
+        })
     }
 
     fn exited(&mut self) -> bool {
@@ -88,12 +100,20 @@ fn wait_http(server: &mut Server, port: u16, within: Duration) -> Result<(), Str
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    Err(format!("no HTTP answer on port {port} within {within:?}:\n{}", server.log_tail()))
+    Err(format!(
+        "no HTTP answer on port {port} within {within:?}:\n{}",
+        server.log_tail()
+    ))
 }
 
 /// One HTTP/1.1 request with `Connection: close`, without signing; returns the status and
 /// the body. `target` is sent as is (the caller encodes it), so hostile keys get through.
-pub fn raw_http(port: u16, method: &str, target: &str, body: &[u8]) -> std::io::Result<(u16, Vec<u8>)> {
+pub fn raw_http(
+    port: u16,
+    method: &str,
+    target: &str,
+    body: &[u8],
+) -> std::io::Result<(u16, Vec<u8>)> {
     let mut s = TcpStream::connect(("127.0.0.1", port))?;
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
     let head = format!(
@@ -105,8 +125,16 @@ pub fn raw_http(port: u16, method: &str, target: &str, body: &[u8]) -> std::io::
     let mut resp = Vec::new();
     s.read_to_end(&mut resp)?;
     let text = String::from_utf8_lossy(&resp);
-    let status = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body_at = resp.windows(4).position(|w| w == b"\r\n\r\n").map(|i| i + 4).unwrap_or(resp.len());
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body_at = resp
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|i| i + 4)
+        .unwrap_or(resp.len());
     Ok((status, resp[body_at..].to_vec()))
 }
 
@@ -145,10 +173,24 @@ impl SeaweedFs {
         let mut cmd = Command::new(weed);
         cmd.arg("mini")
             .arg(format!("-dir={}", dir.path().display()))
-            .args(["-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-master.telemetry=false", "-admin.ui=false", "-webdav=false"]);
+            .args([
+                "-ip=127.0.0.1",
+                "-ip.bind=127.0.0.1",
+                "-master.telemetry=false",
+                "-admin.ui=false",
+                "-webdav=false",
+            ]);
         for flag in [
-            "master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port", "filer.port.grpc",
-            "s3.port.grpc", "admin.port", "admin.port.grpc", "webdav.port",
+            "master.port",
+            "master.port.grpc",
+            "volume.port",
+            "volume.port.grpc",
+            "filer.port",
+            "filer.port.grpc",
+            "s3.port.grpc",
+            "admin.port",
+            "admin.port.grpc",
+            "webdav.port",
         ] {
             cmd.arg(format!("-{flag}={}", free_port()));
         }
@@ -157,9 +199,16 @@ impl SeaweedFs {
             .args(["-s3.port.iceberg=0", "-s3.port.lance=0"])
             .env("AWS_ACCESS_KEY_ID", &access_key)
             .env("AWS_SECRET_ACCESS_KEY", &secret_key);
-        let mut server = Server::spawn(cmd, dir.path().join("weed.log")).map_err(|e| e.to_string())?;
+        let mut server =
+            Server::spawn(cmd, dir.path().join("weed.log")).map_err(|e| e.to_string())?;
         wait_http(&mut server, s3_port, Duration::from_secs(30))?;
-        Ok(SeaweedFs { server, _dir: dir, s3_port, access_key, secret_key })
+        Ok(SeaweedFs {
+            server,
+            _dir: dir,
+            s3_port,
+            access_key,
+            secret_key,
+        })
     }
 
     /// `http://127.0.0.1:PORT`, the S3 endpoint.
@@ -196,8 +245,14 @@ impl SeaweedFs {
 
     /// Creates `bucket` (a SigV4-signed `PUT /bucket`, which object_store does not offer).
     pub async fn create_bucket(&self, bucket: &str) {
-        let credential = AwsCredential { key_id: self.access_key.clone(), secret_key: self.secret_key.clone(), token: None };
-        let client = ReqwestConnector::default().connect(&ClientOptions::new().with_allow_http(true)).unwrap();
+        let credential = AwsCredential {
+            key_id: self.access_key.clone(),
+            secret_key: self.secret_key.clone(),
+            token: None,
+        };
+        let client = ReqwestConnector::default()
+            .connect(&ClientOptions::new().with_allow_http(true))
+            .unwrap();
         // S3 answers before the filer behind it is ready: retry for a while.
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
@@ -206,22 +261,35 @@ impl SeaweedFs {
                 .uri(format!("{}/{bucket}", self.endpoint()))
                 .body(Vec::<u8>::new().into())
                 .unwrap();
-            AwsAuthorizer::new(&credential, "s3", "us-east-1").try_authorize(&mut request, None).unwrap();
+            AwsAuthorizer::new(&credential, "s3", "us-east-1")
+                .try_authorize(&mut request, None)
+                .unwrap();
             let status = client.execute(request).await.map(|r| r.status());
             match status {
                 Ok(s) if s.is_success() => return,
-                _ if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(200)).await,
+                _ if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(200)).await
+                }
                 other => panic!("create bucket {bucket}: {other:?}"),
             }
         }
     }
 
     pub async fn put(&self, bucket: &str, key: &str, bytes: impl Into<Bytes>) {
-        self.store(bucket).put(&Path::parse(key).unwrap(), PutPayload::from_bytes(bytes.into())).await.unwrap();
+        self.store(bucket)
+            .put(
+                &Path::parse(key).unwrap(),
+                PutPayload::from_bytes(bytes.into()),
+            )
+            .await
+            .unwrap();
     }
 
     pub async fn delete(&self, bucket: &str, key: &str) {
-        self.store(bucket).delete(&Path::parse(key).unwrap()).await.unwrap();
+        self.store(bucket)
+            .delete(&Path::parse(key).unwrap())
+            .await
+            .unwrap();
     }
 }
 
@@ -253,7 +321,13 @@ impl MotoServer {
                 }
             };
             match wait_http(&mut server, port, Duration::from_secs(30)) {
-                Ok(()) => return Some(MotoServer { server, _dir: dir, port }),
+                Ok(()) => {
+                    return Some(MotoServer {
+                        server,
+                        _dir: dir,
+                        port,
+                    });
+                }
                 Err(e) => last = e,
             }
         }
@@ -266,7 +340,11 @@ impl MotoServer {
 
     pub fn create_bucket(&self, bucket: &str) {
         let (status, body) = raw_http(self.port, "PUT", &format!("/{bucket}"), &[]).unwrap();
-        assert!(status == 200, "create bucket {bucket}: HTTP {status}: {}", String::from_utf8_lossy(&body));
+        assert!(
+            status == 200,
+            "create bucket {bucket}: HTTP {status}: {}",
+            String::from_utf8_lossy(&body)
+        );
     }
 
     /// Stores `bytes` under the raw `key` (percent-encoded here, so `..` and `//` survive).
@@ -280,7 +358,9 @@ impl MotoServer {
 pub fn encode_key(key: &str) -> String {
     key.bytes()
         .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'~' | b'/' => (b as char).to_string(),
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'~' | b'/' => {
+                (b as char).to_string()
+            }
             _ => format!("%{b:02X}"),
         })
         .collect()
@@ -306,7 +386,9 @@ impl StallProxy {
             while let Ok((client, _)) = listener.accept().await {
                 let allow = allow.clone();
                 tokio::spawn(async move {
-                    let Ok(upstream) = tokio::net::TcpStream::connect(target).await else { return };
+                    let Ok(upstream) = tokio::net::TcpStream::connect(target).await else {
+                        return;
+                    };
                     let (mut cr, mut cw) = client.into_split();
                     let (mut ur, mut uw) = upstream.into_split();
                     let up = tokio::spawn(async move {
@@ -317,7 +399,11 @@ impl StallProxy {
                 });
             }
         });
-        StallProxy { port, allowance, task }
+        StallProxy {
+            port,
+            allowance,
+            task,
+        }
     }
 
     /// `http://127.0.0.1:PORT`.
@@ -350,7 +436,13 @@ async fn forward_with_allowance(
             Ok(n) => n,
         };
         let allowed = allowance
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |a| Some(if a == u64::MAX { a } else { a.saturating_sub(n as u64) }))
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |a| {
+                Some(if a == u64::MAX {
+                    a
+                } else {
+                    a.saturating_sub(n as u64)
+                })
+            })
             .unwrap();
         let send = (allowed.min(n as u64)) as usize;
         if to.write_all(&buf[..send]).await.is_err() {

@@ -99,7 +99,11 @@ pub(crate) mod pool {
     static POOL: [Mutex<Vec<AlignedBuf>>; CLASSES] = [const { Mutex::new(Vec::new()) }; CLASSES];
 
     fn class(len: usize) -> Option<usize> {
-        let shift = len.max(ALIGN).next_power_of_two().trailing_zeros().max(MIN_SHIFT);
+        let shift = len
+            .max(ALIGN)
+            .next_power_of_two()
+            .trailing_zeros()
+            .max(MIN_SHIFT);
         let c = (shift - MIN_SHIFT) as usize;
         (c < CLASSES).then_some(c)
     }
@@ -107,7 +111,11 @@ pub(crate) mod pool {
     /// A buffer of at least `len` bytes, recycled when possible.
     pub(crate) fn take(len: usize) -> AlignedBuf {
         match class(len) {
-            Some(c) => POOL[c].lock().unwrap().pop().unwrap_or_else(|| AlignedBuf::zeroed(1 << (c as u32 + MIN_SHIFT))),
+            Some(c) => POOL[c]
+                .lock()
+                .unwrap()
+                .pop()
+                .unwrap_or_else(|| AlignedBuf::zeroed(1 << (c as u32 + MIN_SHIFT))),
             None => AlignedBuf::zeroed(len),
         }
     }

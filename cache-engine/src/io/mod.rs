@@ -36,7 +36,13 @@ pub(crate) trait IoEngine: Send + Sync {
     /// Reads up to `len` bytes at `offset`; shorter only at end of file.
     fn read(&self, id: FileId, offset: u64, len: usize) -> IoFuture<io::Result<Bytes>>;
     /// Writes the first `len` bytes of `buf` at `offset`; a short write is an error.
-    fn write(&self, id: FileId, offset: u64, buf: Arc<AlignedBuf>, len: usize) -> IoFuture<io::Result<()>>;
+    fn write(
+        &self,
+        id: FileId,
+        offset: u64,
+        buf: Arc<AlignedBuf>,
+        len: usize,
+    ) -> IoFuture<io::Result<()>>;
 }
 
 /// Settings shared by both engines.

@@ -28,32 +28,45 @@ impl PsyncEngine {
             let rx: Arc<Mutex<Receiver<Job>>> = rx.clone();
             std::thread::Builder::new()
                 .name(format!("sluice-psync-{i}"))
-                .spawn(move || loop {
-                    let job = rx.lock().unwrap().recv();
-                    match job {
-                        Ok(job) => job(),
-                        Err(_) => return,
+                .spawn(move || {
+                    loop {
+                        let job = rx.lock().unwrap().recv();
+                        match job {
+                            Ok(job) => job(),
+                            Err(_) => return,
+                        }
                     }
                 })
                 .expect("spawn psync thread");
         }
-        PsyncEngine { jobs: Mutex::new(tx), files: Mutex::new(Vec::new()) }
+        PsyncEngine {
+            jobs: Mutex::new(tx),
+            files: Mutex::new(Vec::new()),
+        }
     }
 
     fn file(&self, id: FileId) -> io::Result<Arc<File>> {
-        self.files.lock().unwrap().get(id.0 as usize).cloned().flatten().ok_or_else(|| {
-            io::Error::from_raw_os_error(libc::EBADF)
-        })
+        self.files
+            .lock()
+            .unwrap()
+            .get(id.0 as usize)
+            .cloned()
+            .flatten()
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))
     }
 
-    fn submit<T: Send + 'static>(&self, f: impl FnOnce() -> io::Result<T> + Send + 'static) -> IoFuture<io::Result<T>> {
+    fn submit<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> io::Result<T> + Send + 'static,
+    ) -> IoFuture<io::Result<T>> {
         let (tx, rx) = oneshot::channel();
         let sent = self.jobs.lock().unwrap().send(Box::new(move || {
             let _ = tx.send(f());
         }));
         Box::pin(async move {
             sent.map_err(|_| io::Error::other("psync engine stopped"))?;
-            rx.await.map_err(|_| io::Error::other("psync engine dropped the request"))?
+            rx.await
+                .map_err(|_| io::Error::other("psync engine dropped the request"))?
         })
     }
 }
@@ -100,7 +113,13 @@ impl IoEngine for PsyncEngine {
         })
     }
 
-    fn write(&self, id: FileId, offset: u64, buf: Arc<AlignedBuf>, len: usize) -> IoFuture<io::Result<()>> {
+    fn write(
+        &self,
+        id: FileId,
+        offset: u64,
+        buf: Arc<AlignedBuf>,
+        len: usize,
+    ) -> IoFuture<io::Result<()>> {
         let file = match self.file(id) {
             Ok(f) => f,
             Err(e) => return Box::pin(async move { Err(e) }),

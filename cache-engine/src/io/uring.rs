@@ -43,10 +43,25 @@ pub(crate) fn probe() -> Result<(), String> {
 }
 
 enum Op {
-    Read { slot: u32, offset: u64, len: usize, tx: oneshot::Sender<io::Result<Bytes>> },
-    Write { slot: u32, offset: u64, buf: Arc<AlignedBuf>, len: usize, tx: oneshot::Sender<io::Result<()>> },
+    Read {
+        slot: u32,
+        offset: u64,
+        len: usize,
+        tx: oneshot::Sender<io::Result<Bytes>>,
+    },
+    Write {
+        slot: u32,
+        offset: u64,
+        buf: Arc<AlignedBuf>,
+        len: usize,
+        tx: oneshot::Sender<io::Result<()>>,
+    },
     /// Points a registered-file slot at `fd` (-1 clears it).
-    Update { slot: u32, fd: RawFd, done: Option<mpsc::Sender<io::Result<()>>> },
+    Update {
+        slot: u32,
+        fd: RawFd,
+        done: Option<mpsc::Sender<io::Result<()>>>,
+    },
     Shutdown,
 }
 
@@ -56,8 +71,15 @@ enum ReadBuf {
 }
 
 enum Inflight {
-    Read { buf: ReadBuf, tx: oneshot::Sender<io::Result<Bytes>> },
-    Write { _buf: Arc<AlignedBuf>, len: usize, tx: oneshot::Sender<io::Result<()>> },
+    Read {
+        buf: ReadBuf,
+        tx: oneshot::Sender<io::Result<Bytes>>,
+    },
+    Write {
+        _buf: Arc<AlignedBuf>,
+        len: usize,
+        tx: oneshot::Sender<io::Result<()>>,
+    },
 }
 
 struct Shared {
@@ -102,11 +124,21 @@ impl UringEngine {
         }
         // SAFETY: efd is a fresh descriptor that nothing else owns.
         let wake = unsafe { OwnedFd::from_raw_fd(efd) };
-        let shared = Arc::new(Shared { queue: Mutex::new(Vec::new()), wake, idle: AtomicBool::new(false) });
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(Vec::new()),
+            wake,
+            idle: AtomicBool::new(false),
+        });
         // Built here, not in the thread, so the registered buffers exist when `new` returns.
         let ring_thread = RingThread::new(ring, shared.clone(), qd as usize);
-        let thread = std::thread::Builder::new().name("sluice-uring".into()).spawn(move || ring_thread.run())?;
-        Ok(UringEngine { shared, files: Mutex::new(vec![false; params.max_files as usize]), thread: Some(thread) })
+        let thread = std::thread::Builder::new()
+            .name("sluice-uring".into())
+            .spawn(move || ring_thread.run())?;
+        Ok(UringEngine {
+            shared,
+            files: Mutex::new(vec![false; params.max_files as usize]),
+            thread: Some(thread),
+        })
     }
 }
 
@@ -124,17 +156,24 @@ impl IoEngine for UringEngine {
     fn add_file(&self, file: &File) -> io::Result<FileId> {
         let slot = {
             let mut files = self.files.lock().unwrap();
-            let slot = files.iter().position(|used| !used).ok_or_else(|| {
-                io::Error::other("io_uring registered file table is full")
-            })?;
+            let slot = files
+                .iter()
+                .position(|used| !used)
+                .ok_or_else(|| io::Error::other("io_uring registered file table is full"))?;
             files[slot] = true;
             slot as u32
         };
         let (tx, rx) = mpsc::channel();
         let fd = file.as_raw_fd();
         // The registered table takes its own reference to the file until the slot is cleared.
-        self.shared.push(Op::Update { slot, fd, done: Some(tx) });
-        let res = rx.recv().unwrap_or_else(|_| Err(io::Error::other("io_uring thread stopped")));
+        self.shared.push(Op::Update {
+            slot,
+            fd,
+            done: Some(tx),
+        });
+        let res = rx
+            .recv()
+            .unwrap_or_else(|_| Err(io::Error::other("io_uring thread stopped")));
         match res {
             Ok(()) => Ok(FileId(slot)),
             Err(e) => {
@@ -145,7 +184,11 @@ impl IoEngine for UringEngine {
     }
 
     fn remove_file(&self, id: FileId) {
-        self.shared.push(Op::Update { slot: id.0, fd: -1, done: None });
+        self.shared.push(Op::Update {
+            slot: id.0,
+            fd: -1,
+            done: None,
+        });
         if let Some(used) = self.files.lock().unwrap().get_mut(id.0 as usize) {
             *used = false;
         }
@@ -153,14 +196,37 @@ impl IoEngine for UringEngine {
 
     fn read(&self, id: FileId, offset: u64, len: usize) -> IoFuture<io::Result<Bytes>> {
         let (tx, rx) = oneshot::channel();
-        self.shared.push(Op::Read { slot: id.0, offset, len, tx });
-        Box::pin(async move { rx.await.map_err(|_| io::Error::other("io_uring thread dropped the request"))? })
+        self.shared.push(Op::Read {
+            slot: id.0,
+            offset,
+            len,
+            tx,
+        });
+        Box::pin(async move {
+            rx.await
+                .map_err(|_| io::Error::other("io_uring thread dropped the request"))?
+        })
     }
 
-    fn write(&self, id: FileId, offset: u64, buf: Arc<AlignedBuf>, len: usize) -> IoFuture<io::Result<()>> {
+    fn write(
+        &self,
+        id: FileId,
+        offset: u64,
+        buf: Arc<AlignedBuf>,
+        len: usize,
+    ) -> IoFuture<io::Result<()>> {
         let (tx, rx) = oneshot::channel();
-        self.shared.push(Op::Write { slot: id.0, offset, buf, len, tx });
-        Box::pin(async move { rx.await.map_err(|_| io::Error::other("io_uring thread dropped the request"))? })
+        self.shared.push(Op::Write {
+            slot: id.0,
+            offset,
+            buf,
+            len,
+            tx,
+        });
+        Box::pin(async move {
+            rx.await
+                .map_err(|_| io::Error::other("io_uring thread dropped the request"))?
+        })
     }
 }
 
@@ -181,15 +247,24 @@ struct RingThread {
 impl RingThread {
     fn new(ring: IoUring, shared: Arc<Shared>, qd: usize) -> Self {
         let count = qd.min(32);
-        let registered: Vec<AlignedBuf> = (0..count).map(|_| AlignedBuf::zeroed(REG_BUF_SIZE)).collect();
+        let registered: Vec<AlignedBuf> = (0..count)
+            .map(|_| AlignedBuf::zeroed(REG_BUF_SIZE))
+            .collect();
         let iovecs: Vec<libc::iovec> = registered
             .iter()
-            .map(|b| libc::iovec { iov_base: b.as_ptr() as *mut _, iov_len: b.len() })
+            .map(|b| libc::iovec {
+                iov_base: b.as_ptr() as *mut _,
+                iov_len: b.len(),
+            })
             .collect();
         // SAFETY: the buffers live in `self.registered` for as long as the ring exists (the
         // ring is dropped with `self`), and their addresses never move.
         let ok = unsafe { ring.submitter().register_buffers(&iovecs) }.is_ok();
-        let free_registered = if ok { (0..count as u16).collect() } else { Vec::new() };
+        let free_registered = if ok {
+            (0..count as u16).collect()
+        } else {
+            Vec::new()
+        };
         RingThread {
             ring,
             shared,
@@ -208,13 +283,20 @@ impl RingThread {
     fn run(mut self) {
         let mut shutdown = false;
         loop {
-            self.backlog.extend(self.shared.queue.lock().unwrap().drain(..));
+            self.backlog
+                .extend(self.shared.queue.lock().unwrap().drain(..));
             while self.inflight < self.qd {
-                let Some(op) = self.backlog.pop_front() else { break };
+                let Some(op) = self.backlog.pop_front() else {
+                    break;
+                };
                 match op {
                     Op::Shutdown => shutdown = true,
                     Op::Update { slot, fd, done } => {
-                        let res = self.ring.submitter().register_files_update(slot, &[fd]).map(drop);
+                        let res = self
+                            .ring
+                            .submitter()
+                            .register_files_update(slot, &[fd])
+                            .map(drop);
                         if let Some(done) = done {
                             let _ = done.send(res);
                         }
@@ -250,14 +332,20 @@ impl RingThread {
             }
             match self.ring.submit_and_wait(1) {
                 Ok(_) => {}
-                Err(e) if e.raw_os_error() == Some(libc::EINTR) || e.raw_os_error() == Some(libc::EBUSY) => {}
+                Err(e)
+                    if e.raw_os_error() == Some(libc::EINTR)
+                        || e.raw_os_error() == Some(libc::EBUSY) => {}
                 Err(e) => {
                     tracing::error!("io_uring_enter failed: {e}");
                     std::thread::sleep(std::time::Duration::from_millis(1));
                 }
             }
             self.shared.idle.store(false, SeqCst);
-            let done: Vec<(u64, i32)> = self.ring.completion().map(|c| (c.user_data(), c.result())).collect();
+            let done: Vec<(u64, i32)> = self
+                .ring
+                .completion()
+                .map(|c| (c.user_data(), c.result()))
+                .collect();
             for (ud, res) in done {
                 if ud == WAKE {
                     self.wake_armed = false;
@@ -306,12 +394,20 @@ impl RingThread {
 
     fn start(&mut self, op: Op) {
         let entry = match op {
-            Op::Read { slot, offset, len, tx } => {
+            Op::Read {
+                slot,
+                offset,
+                len,
+                tx,
+            } => {
                 if len <= REG_BUF_SIZE
                     && let Some(idx) = self.free_registered.pop()
                 {
                     let ptr = self.registered[idx as usize].as_ptr() as *mut u8;
-                    let ud = self.slot(Inflight::Read { buf: ReadBuf::Registered(idx), tx });
+                    let ud = self.slot(Inflight::Read {
+                        buf: ReadBuf::Registered(idx),
+                        tx,
+                    });
                     opcode::ReadFixed::new(types::Fixed(slot), ptr, len as u32, idx)
                         .offset(offset)
                         .build()
@@ -319,14 +415,29 @@ impl RingThread {
                 } else {
                     let mut buf = super::buf::pool::take(len);
                     let ptr = buf.as_mut_ptr();
-                    let ud = self.slot(Inflight::Read { buf: ReadBuf::Owned(buf), tx });
-                    opcode::Read::new(types::Fixed(slot), ptr, len as u32).offset(offset).build().user_data(ud as u64)
+                    let ud = self.slot(Inflight::Read {
+                        buf: ReadBuf::Owned(buf),
+                        tx,
+                    });
+                    opcode::Read::new(types::Fixed(slot), ptr, len as u32)
+                        .offset(offset)
+                        .build()
+                        .user_data(ud as u64)
                 }
             }
-            Op::Write { slot, offset, buf, len, tx } => {
+            Op::Write {
+                slot,
+                offset,
+                buf,
+                len,
+                tx,
+            } => {
                 let ptr = buf.as_ptr();
                 let ud = self.slot(Inflight::Write { _buf: buf, len, tx });
-                opcode::Write::new(types::Fixed(slot), ptr, len as u32).offset(offset).build().user_data(ud as u64)
+                opcode::Write::new(types::Fixed(slot), ptr, len as u32)
+                    .offset(offset)
+                    .build()
+                    .user_data(ud as u64)
             }
             Op::Update { .. } | Op::Shutdown => unreachable!("handled by run"),
         };
@@ -338,7 +449,9 @@ impl RingThread {
     }
 
     fn complete(&mut self, ud: usize, res: i32) {
-        let Some(op) = self.slab.get_mut(ud).and_then(Option::take) else { return };
+        let Some(op) = self.slab.get_mut(ud).and_then(Option::take) else {
+            return;
+        };
         self.free_slab.push(ud);
         self.inflight -= 1;
         match op {
@@ -365,7 +478,10 @@ impl RingThread {
                 let out = if res < 0 {
                     Err(io::Error::from_raw_os_error(-res))
                 } else if res as usize != len {
-                    Err(io::Error::new(io::ErrorKind::WriteZero, format!("short write: {res} of {len} bytes")))
+                    Err(io::Error::new(
+                        io::ErrorKind::WriteZero,
+                        format!("short write: {res} of {len} bytes"),
+                    ))
                 } else {
                     Ok(())
                 };

@@ -25,7 +25,9 @@ pub fn key(i: u64) -> Key {
 
 /// The value of block `i` (length and bytes derived from `i` and `version`).
 pub fn value(i: u64, version: u64, max: usize) -> Bytes {
-    let mut x = i.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ version.wrapping_mul(0xc2b2_ae3d_27d4_eb4f) ^ 0x1234_5678;
+    let mut x = i.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        ^ version.wrapping_mul(0xc2b2_ae3d_27d4_eb4f)
+        ^ 0x1234_5678;
     let len = 1 + (x % max as u64) as usize;
     let mut v = Vec::with_capacity(len);
     while v.len() < len {
