@@ -7,6 +7,7 @@ mod demo;
 mod fuse;
 mod meta;
 mod metrics;
+mod signal;
 
 use clap::Parser;
 use cli::{Cli, Command};
@@ -16,7 +17,8 @@ fn init_logs() {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        // Client libraries log URLs and headers the agent cannot scrub where they are made.
+        .with_writer(sluice::secret::RedactingWriter::new(std::io::stderr))
         .init();
 }
 
