@@ -71,7 +71,11 @@ spec:
             dataset = setup.dataset,
             mount_point = setup.mount_point,
             options = setup.options,
-            cache = if cache.is_empty() { String::new() } else { format!("  cache: {cache}\n") },
+            cache = if cache.is_empty() {
+                String::new()
+            } else {
+                format!("  cache: {cache}\n")
+            },
         );
         let config_path = work.join("sluice.yaml");
         std::fs::write(&config_path, config)?;
@@ -87,7 +91,10 @@ spec:
             .stderr(log)
             .spawn()
             .context("starting sluice agent")?;
-        let mut agent = Agent { child, mount: work.join("mnt").join(setup.dataset).join("data") };
+        let mut agent = Agent {
+            child,
+            mount: work.join("mnt").join(setup.dataset).join("data"),
+        };
         agent.wait_ready(work)?;
         Ok(agent)
     }
@@ -95,14 +102,24 @@ spec:
     fn wait_ready(&mut self, work: &Path) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(600);
         loop {
-            if std::fs::read_dir(&self.mount).map(|mut d| d.next().is_some()).unwrap_or(false) {
+            if std::fs::read_dir(&self.mount)
+                .map(|mut d| d.next().is_some())
+                .unwrap_or(false)
+            {
                 return Ok(());
             }
             if let Some(status) = self.child.try_wait()? {
-                bail!("sluice agent exited with {status}; see {}", work.join("agent.log").display());
+                bail!(
+                    "sluice agent exited with {status}; see {}",
+                    work.join("agent.log").display()
+                );
             }
             if Instant::now() > deadline {
-                bail!("{} did not appear within 600s; see {}", self.mount.display(), work.join("agent.log").display());
+                bail!(
+                    "{} did not appear within 600s; see {}",
+                    self.mount.display(),
+                    work.join("agent.log").display()
+                );
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -115,7 +132,8 @@ spec:
 
     /// Resident set size of the agent process, in bytes.
     pub fn rss(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .unwrap_or_default();
         status
             .lines()
             .find_map(|l| l.strip_prefix("VmRSS:"))
@@ -146,6 +164,10 @@ impl Drop for Agent {
             let _ = self.child.wait();
         }
         // A killed agent may leave its mount behind; detach it so the next run can mount.
-        let _ = Command::new("umount").arg("-l").arg(self.mount.parent().unwrap_or(&self.mount)).stderr(Stdio::null()).status();
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(self.mount.parent().unwrap_or(&self.mount))
+            .stderr(Stdio::null())
+            .status();
     }
 }

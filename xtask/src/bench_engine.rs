@@ -60,13 +60,20 @@ fn pool(len: usize) -> Bytes {
 }
 
 fn bench_dir() -> anyhow::Result<tempfile::TempDir> {
-    let base = std::env::var_os("SLUICE_BENCH_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/var/tmp"));
+    let base = std::env::var_os("SLUICE_BENCH_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/tmp"));
     std::fs::create_dir_all(&base)?;
-    Ok(tempfile::Builder::new().prefix("sluice-bench-engine-").tempdir_in(base)?)
+    Ok(tempfile::Builder::new()
+        .prefix("sluice-bench-engine-")
+        .tempdir_in(base)?)
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?)
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?)
 }
 
 struct FioRow {
@@ -76,12 +83,20 @@ struct FioRow {
 }
 
 /// Part 1: our disk-tier reads vs fio on one of our segment files.
-fn fio_compare(rt: &tokio::runtime::Runtime, base: &Path, quick: bool) -> anyhow::Result<Vec<FioRow>> {
+fn fio_compare(
+    rt: &tokio::runtime::Runtime,
+    base: &Path,
+    quick: bool,
+) -> anyhow::Result<Vec<FioRow>> {
     let data = if quick { 256 * MIB } else { 1024 * MIB };
     let secs = if quick { 3 } else { 10 };
     let values = pool(2 * MIB as usize);
     let mut rows = Vec::new();
-    for (name, bs, random) in [("4k", 4 * KIB, true), ("128k", 128 * KIB, true), ("1m", MIB, false)] {
+    for (name, bs, random) in [
+        ("4k", 4 * KIB, true),
+        ("128k", 128 * KIB, true),
+        ("1m", MIB, false),
+    ] {
         let dir = base.join(format!("fio-{name}"));
         let builder = || {
             CacheBuilder::new()
@@ -97,13 +112,19 @@ fn fio_compare(rt: &tokio::runtime::Runtime, base: &Path, quick: bool) -> anyhow
             let cache = builder().open()?;
             for i in 0..n {
                 let at = (i as usize * 4096) % MIB as usize;
-                cache.insert(key(i), values.slice(at..at + bs as usize)).await?;
+                cache
+                    .insert(key(i), values.slice(at..at + bs as usize))
+                    .await?;
             }
             cache.close().await;
             anyhow::Ok(())
         })?;
         let cache = builder().open()?;
-        anyhow::ensure!(cache.engine().kind == EngineKind::IoUring, "io_uring unavailable: {:?}", cache.engine().fallback_reason);
+        anyhow::ensure!(
+            cache.engine().kind == EngineKind::IoUring,
+            "io_uring unavailable: {:?}",
+            cache.engine().fallback_reason
+        );
         // fio reads the very segment files of this cache (all of them, so both sides
         // cover the same bytes and neither gets an advantage from a smaller hot set).
         let mut segs: Vec<PathBuf> = std::fs::read_dir(&dir)?
@@ -117,11 +138,21 @@ fn fio_compare(rt: &tokio::runtime::Runtime, base: &Path, quick: bool) -> anyhow
         // from other work hits both sides alike.
         let (mut ours, mut fio) = (0f64, 0f64);
         for _ in 0..2 {
-            ours = ours.max(rt.block_on(read_loop(cache.clone(), n, bs, random, Duration::from_secs(secs)))?);
+            ours = ours.max(rt.block_on(read_loop(
+                cache.clone(),
+                n,
+                bs,
+                random,
+                Duration::from_secs(secs),
+            ))?);
             fio = fio.max(run_fio(&segs, bs, random, secs)?);
         }
         drop(cache);
-        println!("  {name:>5}: sluice {:>8.1} MiB/s   fio {:>8.1} MiB/s", ours / MIB as f64, fio / MIB as f64);
+        println!(
+            "  {name:>5}: sluice {:>8.1} MiB/s   fio {:>8.1} MiB/s",
+            ours / MIB as f64,
+            fio / MIB as f64
+        );
         rows.push(FioRow { name, ours, fio });
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -129,7 +160,13 @@ fn fio_compare(rt: &tokio::runtime::Runtime, base: &Path, quick: bool) -> anyhow
 }
 
 /// `QD` tasks reading blocks for `dur`; returns bytes per second.
-async fn read_loop(cache: Cache, n: u64, bs: u64, random: bool, dur: Duration) -> anyhow::Result<f64> {
+async fn read_loop(
+    cache: Cache,
+    n: u64,
+    bs: u64,
+    random: bool,
+    dur: Duration,
+) -> anyhow::Result<f64> {
     let stop = Arc::new(AtomicBool::new(false));
     let next = Arc::new(AtomicU64::new(0));
     let bytes = Arc::new(AtomicU64::new(0));
@@ -140,7 +177,11 @@ async fn read_loop(cache: Cache, n: u64, bs: u64, random: bool, dur: Duration) -
         tasks.push(tokio::spawn(async move {
             let mut rng = StdRng::seed_from_u64(t as u64);
             while !stop.load(Relaxed) {
-                let i = if random { rng.random_range(0..n) } else { next.fetch_add(1, Relaxed) % n };
+                let i = if random {
+                    rng.random_range(0..n)
+                } else {
+                    next.fetch_add(1, Relaxed) % n
+                };
                 match cache.get(&key(i)).await {
                     Some(v) if v.len() as u64 == bs => bytes.fetch_add(bs, Relaxed),
                     other => bail!("block {i}: {:?} bytes", other.map(|v| v.len())),
@@ -155,7 +196,10 @@ async fn read_loop(cache: Cache, n: u64, bs: u64, random: bool, dur: Duration) -
         t.await??;
     }
     let elapsed = start.elapsed().as_secs_f64();
-    anyhow::ensure!(cache.stats().checksum_failures == 0, "checksum failures during the read loop");
+    anyhow::ensure!(
+        cache.stats().checksum_failures == 0,
+        "checksum failures during the read loop"
+    );
     Ok(bytes.load(Relaxed) as f64 / elapsed)
 }
 
@@ -168,8 +212,17 @@ fn run_fio(files: &[PathBuf], bs: u64, random: bool, secs: u64) -> anyhow::Resul
     let out = Command::new("fio")
         .arg("--name=sluice-peer")
         .arg(format!("--filename={}", names.join(":")))
-        .arg(format!("--file_service_type={}", if random { "random" } else { "sequential" }))
-        .args(["--ioengine=io_uring", "--direct=1", "--readonly", "--time_based", "--output-format=json"])
+        .arg(format!(
+            "--file_service_type={}",
+            if random { "random" } else { "sequential" }
+        ))
+        .args([
+            "--ioengine=io_uring",
+            "--direct=1",
+            "--readonly",
+            "--time_based",
+            "--output-format=json",
+        ])
         .arg(format!("--iodepth={QD}"))
         .arg(format!("--rw={}", if random { "randread" } else { "read" }))
         .arg(format!("--bs={bs}"))
@@ -177,9 +230,15 @@ fn run_fio(files: &[PathBuf], bs: u64, random: bool, secs: u64) -> anyhow::Resul
         .arg(format!("--runtime={secs}"))
         .output()
         .context("running fio")?;
-    anyhow::ensure!(out.status.success(), "fio failed: {}", String::from_utf8_lossy(&out.stderr));
+    anyhow::ensure!(
+        out.status.success(),
+        "fio failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).context("fio's JSON")?;
-    json["jobs"][0]["read"]["bw_bytes"].as_f64().context("fio bw_bytes")
+    json["jobs"][0]["read"]["bw_bytes"]
+        .as_f64()
+        .context("fio bw_bytes")
 }
 
 /// The key/value mix: sizes of each key.
@@ -211,8 +270,16 @@ struct MixResult {
 }
 
 /// Part 2: ops/s of the same read-mostly mix on Sluice and on foyer.
-fn foyer_compare(rt: &tokio::runtime::Runtime, base: &Path, quick: bool) -> anyhow::Result<MixResult> {
-    let (memory, disk) = if quick { (32 * MIB, 512 * MIB) } else { (128 * MIB, 2048 * MIB) };
+fn foyer_compare(
+    rt: &tokio::runtime::Runtime,
+    base: &Path,
+    quick: bool,
+) -> anyhow::Result<MixResult> {
+    let (memory, disk) = if quick {
+        (32 * MIB, 512 * MIB)
+    } else {
+        (128 * MIB, 2048 * MIB)
+    };
     let secs = if quick { 8 } else { 30 };
     let sizes = Arc::new(mix_sizes(disk * 6 / 10));
     let values = pool(8 * MIB as usize);
@@ -237,7 +304,11 @@ fn foyer_compare(rt: &tokio::runtime::Runtime, base: &Path, quick: bool) -> anyh
             async move {
                 match c.get(&key(i as u64)).await {
                     Some(got) => Ok(Some(got.len())),
-                    None => c.insert(key(i as u64), v).await.map(|()| None).map_err(anyhow::Error::from),
+                    None => c
+                        .insert(key(i as u64), v)
+                        .await
+                        .map(|()| None)
+                        .map_err(anyhow::Error::from),
                 }
             }
         })
@@ -248,16 +319,23 @@ fn foyer_compare(rt: &tokio::runtime::Runtime, base: &Path, quick: bool) -> anyh
     let dir = base.join("mix-foyer");
     std::fs::create_dir_all(&dir)?;
     let (foyer, foyer_hit) = rt.block_on(async {
-        use foyer::{BlockEngineConfig, DeviceBuilder, FsDeviceBuilder, HybridCacheBuilder, HybridCachePolicy, UringIoEngineConfig};
+        use foyer::{
+            BlockEngineConfig, DeviceBuilder, FsDeviceBuilder, HybridCacheBuilder,
+            HybridCachePolicy, UringIoEngineConfig,
+        };
         // O_DIRECT like ours: buffered I/O would serve foyer's disk tier from the page cache.
-        let device = FsDeviceBuilder::new(&dir).with_capacity(disk as usize).with_direct(true).build()?;
+        let device = FsDeviceBuilder::new(&dir)
+            .with_capacity(disk as usize)
+            .with_direct(true)
+            .build()?;
         let hybrid: foyer::HybridCache<u64, Vec<u8>> = HybridCacheBuilder::new()
             .with_name("bench")
             .with_policy(HybridCachePolicy::WriteOnInsertion)
             .memory(memory as usize)
             .with_weighter(|_k: &u64, v: &Vec<u8>| v.len())
             .storage()
-            .with_io_engine_config(Box::new(UringIoEngineConfig::new().with_io_depth(QD)) as Box<dyn foyer::IoEngineConfig>)
+            .with_io_engine_config(Box::new(UringIoEngineConfig::new().with_io_depth(QD))
+                as Box<dyn foyer::IoEngineConfig>)
             .with_engine_config(BlockEngineConfig::new(device).with_block_size(16 * MIB as usize))
             .build()
             .await?;
@@ -283,7 +361,13 @@ fn foyer_compare(rt: &tokio::runtime::Runtime, base: &Path, quick: bool) -> anyh
         hybrid.close().await?;
         res
     })?;
-    Ok(MixResult { ours, foyer, ours_hit, foyer_hit, keys: n })
+    Ok(MixResult {
+        ours,
+        foyer,
+        ours_hit,
+        foyer_hit,
+        keys: n,
+    })
 }
 
 /// The operation stream of the mix: uniform keys, 95 % gets (a miss inserts), 5 % inserts.
@@ -309,11 +393,22 @@ impl Ops {
     {
         let this = Arc::new(self);
         let stop = Arc::new(AtomicBool::new(false));
-        let (ops, hits, gets) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let (ops, hits, gets) = (
+            Arc::new(AtomicU64::new(0)),
+            Arc::new(AtomicU64::new(0)),
+            Arc::new(AtomicU64::new(0)),
+        );
         let start = Instant::now();
         let mut tasks = Vec::new();
         for t in 0..QD {
-            let (this, stop, ops, hits, gets, get) = (this.clone(), stop.clone(), ops.clone(), hits.clone(), gets.clone(), get.clone());
+            let (this, stop, ops, hits, gets, get) = (
+                this.clone(),
+                stop.clone(),
+                ops.clone(),
+                hits.clone(),
+                gets.clone(),
+                get.clone(),
+            );
             tasks.push(tokio::spawn(async move {
                 let mut rng = StdRng::seed_from_u64(100 + t as u64);
                 while !stop.load(Relaxed) {
@@ -324,7 +419,11 @@ impl Ops {
                     } else {
                         gets.fetch_add(1, Relaxed);
                         if let Some(len) = get(i, this.value(i)).await? {
-                            anyhow::ensure!(len == this.sizes[i], "key {i}: {len} bytes, expected {}", this.sizes[i]);
+                            anyhow::ensure!(
+                                len == this.sizes[i],
+                                "key {i}: {len} bytes, expected {}",
+                                this.sizes[i]
+                            );
                             hits.fetch_add(1, Relaxed);
                         }
                     }
@@ -339,7 +438,10 @@ impl Ops {
             t.await??;
         }
         let secs = start.elapsed().as_secs_f64();
-        Ok((ops.load(Relaxed) as f64 / secs, hits.load(Relaxed) as f64 / gets.load(Relaxed).max(1) as f64))
+        Ok((
+            ops.load(Relaxed) as f64 / secs,
+            hits.load(Relaxed) as f64 / gets.load(Relaxed).max(1) as f64,
+        ))
     }
 }
 
@@ -351,7 +453,11 @@ struct IndexResult {
 }
 
 /// Part 3: DRAM per block and reopen time with many small blocks.
-fn index_and_reopen(rt: &tokio::runtime::Runtime, base: &Path, quick: bool) -> anyhow::Result<IndexResult> {
+fn index_and_reopen(
+    rt: &tokio::runtime::Runtime,
+    base: &Path,
+    quick: bool,
+) -> anyhow::Result<IndexResult> {
     let blocks: u64 = if quick { 250_000 } else { 1_000_000 };
     let dir = base.join("reopen");
     let builder = || {
@@ -367,7 +473,9 @@ fn index_and_reopen(rt: &tokio::runtime::Runtime, base: &Path, quick: bool) -> a
         let cache = builder().open()?;
         for i in 0..blocks {
             let at = (i as usize * 64) % (MIB as usize - 512);
-            cache.insert(key(i), values.slice(at..at + 100 + (i % 200) as usize)).await?;
+            cache
+                .insert(key(i), values.slice(at..at + 100 + (i % 200) as usize))
+                .await?;
         }
         cache.close().await;
         anyhow::Ok(())
@@ -375,7 +483,13 @@ fn index_and_reopen(rt: &tokio::runtime::Runtime, base: &Path, quick: bool) -> a
     // The same configuration opened empty, to subtract what does not depend on the blocks.
     let empty_dir = base.join("reopen-empty");
     let before = LIVE.load(Relaxed);
-    let empty = CacheBuilder::new().engine(EngineKind::IoUring).memory_capacity(0).segment_size(64 * MIB).max_value_size(MIB).disk(DiskConfig::new(&empty_dir, 4096 * MIB)).open()?;
+    let empty = CacheBuilder::new()
+        .engine(EngineKind::IoUring)
+        .memory_capacity(0)
+        .segment_size(64 * MIB)
+        .max_value_size(MIB)
+        .disk(DiskConfig::new(&empty_dir, 4096 * MIB))
+        .open()?;
     let empty_cost = LIVE.load(Relaxed) - before;
     drop(empty);
     let before = LIVE.load(Relaxed);
@@ -384,7 +498,11 @@ fn index_and_reopen(rt: &tokio::runtime::Runtime, base: &Path, quick: bool) -> a
     let reopen_seconds = start.elapsed().as_secs_f64();
     let full_cost = LIVE.load(Relaxed) - before;
     let stats = cache.stats();
-    anyhow::ensure!(stats.index_entries == blocks, "reopened with {} of {blocks} blocks", stats.index_entries);
+    anyhow::ensure!(
+        stats.index_entries == blocks,
+        "reopened with {} of {blocks} blocks",
+        stats.index_entries
+    );
     Ok(IndexResult {
         blocks,
         computed_bytes_per_block: stats.index_bytes as f64 / blocks as f64,
@@ -398,9 +516,20 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     if cfg!(debug_assertions) && std::env::var_os("SLUICE_BENCH_DEBUG").is_none() {
         // `cargo xtask` builds without optimisations; figures from that build would measure
         // the compiler's debug code, so run the same command from a release build.
-        println!("bench engine: re-running from a release build of xtask (SLUICE_BENCH_DEBUG=1 to skip)");
+        println!(
+            "bench engine: re-running from a release build of xtask (SLUICE_BENCH_DEBUG=1 to skip)"
+        );
         let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-        cmd.args(["run", "--quiet", "--release", "--package", "xtask", "--", "bench", "engine"]);
+        cmd.args([
+            "run",
+            "--quiet",
+            "--release",
+            "--package",
+            "xtask",
+            "--",
+            "bench",
+            "engine",
+        ]);
         if args.quick {
             cmd.arg("--quick");
         }
@@ -413,7 +542,11 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     }
     let quick = args.quick;
     let base = bench_dir()?;
-    println!("bench engine{}: files under {}", if quick { " --quick" } else { "" }, base.path().display());
+    println!(
+        "bench engine{}: files under {}",
+        if quick { " --quick" } else { "" },
+        base.path().display()
+    );
     let rt = runtime()?;
     println!("[1/3] disk-tier reads vs fio (io_uring, O_DIRECT, iodepth {QD})");
     let fio = fio_compare(&rt, base.path(), quick)?;
@@ -427,16 +560,32 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let idx = index_and_reopen(&rt, base.path(), quick)?;
     let reopen_1m = idx.reopen_seconds * 1_000_000.0 / idx.blocks as f64;
 
-    let ratio = |n: &str| fio.iter().find(|r| r.name == n).map(|r| r.ours / r.fio).unwrap_or(0.0);
+    let ratio = |n: &str| {
+        fio.iter()
+            .find(|r| r.name == n)
+            .map(|r| r.ours / r.fio)
+            .unwrap_or(0.0)
+    };
     println!();
     println!("| figure | value | goal |");
     println!("| --- | --- | --- |");
     for r in &fio {
-        println!("| fio_ratio_{} | {:.2} (sluice {:.0} MiB/s, fio {:.0} MiB/s) | >= 0.9 |", r.name, r.ours / r.fio, r.ours / MIB as f64, r.fio / MIB as f64);
+        println!(
+            "| fio_ratio_{} | {:.2} (sluice {:.0} MiB/s, fio {:.0} MiB/s) | >= 0.9 |",
+            r.name,
+            r.ours / r.fio,
+            r.ours / MIB as f64,
+            r.fio / MIB as f64
+        );
     }
     println!(
         "| foyer_ratio | {:.2} (sluice {:.0} ops/s, hit {:.2}; foyer {:.0} ops/s, hit {:.2}; {} keys) | >= 1.0 |",
-        mix.ours / mix.foyer, mix.ours, mix.ours_hit, mix.foyer, mix.foyer_hit, mix.keys
+        mix.ours / mix.foyer,
+        mix.ours,
+        mix.ours_hit,
+        mix.foyer,
+        mix.foyer_hit,
+        mix.keys
     );
     println!(
         "| index_bytes_per_block | {:.1} allocator-counted ({:.1} computed from table size) | <= 64 |",
@@ -445,7 +594,14 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     println!(
         "| reopen_seconds_1m | {:.2}{} | |",
         reopen_1m,
-        if idx.blocks != 1_000_000 { format!(" (extrapolated from {} blocks in {:.2} s)", idx.blocks, idx.reopen_seconds) } else { String::new() }
+        if idx.blocks != 1_000_000 {
+            format!(
+                " (extrapolated from {} blocks in {:.2} s)",
+                idx.blocks, idx.reopen_seconds
+            )
+        } else {
+            String::new()
+        }
     );
     if let Some(path) = &args.json {
         let json = serde_json::json!({

@@ -16,18 +16,38 @@ const READERS: usize = 8;
 
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let shape = if args.quick {
-        Shape { files: 3_000, dirs: 100, median: 110 << 10, shards: 1, shard_size: 256 << 20 }
+        Shape {
+            files: 3_000,
+            dirs: 100,
+            median: 110 << 10,
+            shards: 1,
+            shard_size: 256 << 20,
+        }
     } else {
-        Shape { files: 20_000, dirs: 1_000, median: 110 << 10, shards: 2, shard_size: 1 << 30 }
+        Shape {
+            files: 20_000,
+            dirs: 1_000,
+            median: 110 << 10,
+            shards: 2,
+            shard_size: 1 << 30,
+        }
     };
     let work = crate::tasks::root().join("target/bench/epoch");
     std::fs::create_dir_all(&work)?;
     let bin = crate::agent::build()?;
     if !workload::drop_page_cache() {
-        eprintln!("bench: cannot drop the page cache (not root?): local-disk figures will include page-cache hits");
+        eprintln!(
+            "bench: cannot drop the page cache (not root?): local-disk figures will include page-cache hits"
+        );
     }
 
-    println!("generating {} files in {} dirs + {} shards of {} MiB", shape.files, shape.dirs, shape.shards, shape.shard_size >> 20);
+    println!(
+        "generating {} files in {} dirs + {} shards of {} MiB",
+        shape.files,
+        shape.dirs,
+        shape.shards,
+        shape.shard_size >> 20
+    );
     let data = work.join(format!("data-{}", shape.files));
     let set = workload::generate(&data, shape, 42)?;
     let samples = set.samples();
@@ -41,17 +61,30 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     workload::drop_page_cache();
     let local = workload::read_files(&data, &workload::shuffled(&samples, 1), READERS);
     // The peer users would otherwise run: S3 directly, same parallelism.
-    let direct = workload::read_s3(&s3.endpoint(), "bench", "imagenet", &workload::shuffled(&samples, 1), READERS)?;
+    let direct = workload::read_s3(
+        &s3.endpoint(),
+        "bench",
+        "imagenet",
+        &workload::shuffled(&samples, 1),
+        READERS,
+    )?;
 
     // Sluice with a memory tier a quarter of the dataset: the warm epoch is served by NVMe.
     let sluice_work = work.join("sluice");
-    let _ = std::process::Command::new("umount").arg("-l").arg(sluice_work.join("mnt/bench")).stderr(std::process::Stdio::null()).status();
+    let _ = std::process::Command::new("umount")
+        .arg("-l")
+        .arg(sluice_work.join("mnt/bench"))
+        .stderr(std::process::Stdio::null())
+        .status();
     let _ = std::fs::remove_dir_all(&sluice_work);
     let setup = AgentSetup {
         work: &sluice_work,
         dataset: "bench",
         mount_point: "s3://bench/imagenet".into(),
-        options: format!("endpoint: \"{}\", region: us-east-1, allowHttp: \"true\", pathStyle: \"true\"", s3.endpoint()),
+        options: format!(
+            "endpoint: \"{}\", region: us-east-1, allowHttp: \"true\", pathStyle: \"true\"",
+            s3.endpoint()
+        ),
         memory: total / 4,
         disk: total * 2,
     };
@@ -64,11 +97,29 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
 
     let rss = rss_per_million(&bin, &work, if args.quick { 20_000 } else { 200_000 })?;
 
-    let rows = [("local disk (limit)", local), ("S3 direct (object_store, 8 in flight)", direct), ("Sluice cold", cold), ("Sluice warm (NVMe)", warm)];
-    println!("\n{} files, {:.1} MiB of samples; {READERS} readers, random order", samples.len(), samples.iter().map(|s| s.1).sum::<u64>() as f64 / 1048576.0);
-    println!("{:<40} {:>10} {:>10} {:>9} {:>7}", "system", "files/s", "MiB/s", "p99 ms", "errors");
+    let rows = [
+        ("local disk (limit)", local),
+        ("S3 direct (object_store, 8 in flight)", direct),
+        ("Sluice cold", cold),
+        ("Sluice warm (NVMe)", warm),
+    ];
+    println!(
+        "\n{} files, {:.1} MiB of samples; {READERS} readers, random order",
+        samples.len(),
+        samples.iter().map(|s| s.1).sum::<u64>() as f64 / 1048576.0
+    );
+    println!(
+        "{:<40} {:>10} {:>10} {:>9} {:>7}",
+        "system", "files/s", "MiB/s", "p99 ms", "errors"
+    );
     for (name, e) in &rows {
-        println!("{name:<40} {:>10.0} {:>10.1} {:>9.2} {:>7}", e.files_s(), e.mib_s(), e.p99_ms, e.errors);
+        println!(
+            "{name:<40} {:>10.0} {:>10.1} {:>9.2} {:>7}",
+            e.files_s(),
+            e.mib_s(),
+            e.p99_ms,
+            e.errors
+        );
     }
     let ratio = |a: &Epoch, b: &Epoch| a.mib_s() / b.mib_s();
     let figures = json!({
@@ -81,13 +132,19 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     });
     println!(
         "\nwarm_vs_local {:.2}  cold_vs_s3 {:.2}  warm_vs_s3 {:.2}  rss_mb_per_million_objects {:.0}",
-        ratio(&warm, &local), ratio(&cold, &direct), ratio(&warm, &direct), rss
+        ratio(&warm, &local),
+        ratio(&cold, &direct),
+        ratio(&warm, &direct),
+        rss
     );
     if rows.iter().any(|r| r.1.errors > 0) {
-        eprintln!("bench: some reads failed (see errors column); the figures above count only successful bytes");
+        eprintln!(
+            "bench: some reads failed (see errors column); the figures above count only successful bytes"
+        );
     }
     if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(&figures)?).with_context(|| format!("writing {}", path.display()))?;
+        std::fs::write(path, serde_json::to_string_pretty(&figures)?)
+            .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
 }
@@ -106,7 +163,11 @@ fn rss_per_million(bin: &Path, work: &Path, n: usize) -> anyhow::Result<f64> {
             std::fs::write(src.join(".complete"), b"")?;
         }
         let w = work.join(format!("meta-agent-{files}"));
-        let _ = std::process::Command::new("umount").arg("-l").arg(w.join("mnt/meta")).stderr(std::process::Stdio::null()).status();
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(w.join("mnt/meta"))
+            .stderr(std::process::Stdio::null())
+            .status();
         let _ = std::fs::remove_dir_all(&w);
         let setup = AgentSetup {
             work: &w,

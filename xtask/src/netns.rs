@@ -30,7 +30,10 @@ pub struct Counters {
 
 impl Counters {
     pub fn since(self, before: Counters) -> Counters {
-        Counters { rx: self.rx.saturating_sub(before.rx), tx: self.tx.saturating_sub(before.tx) }
+        Counters {
+            rx: self.rx.saturating_sub(before.rx),
+            tx: self.tx.saturating_sub(before.tx),
+        }
     }
 }
 
@@ -41,15 +44,42 @@ impl Link {
     pub fn create(rate_mbit: u32) -> anyhow::Result<Link> {
         remove_stale();
         let id = std::process::id();
-        let link = Link { ns: format!("sluice-bench-{id}"), host_if: format!("slb{id}h") };
+        let link = Link {
+            ns: format!("sluice-bench-{id}"),
+            host_if: format!("slb{id}h"),
+        };
         let peer = format!("slb{id}n");
         // Built before the first command so that Drop cleans up whatever was made.
-        ip(&["netns", "add", &link.ns]).context("creating a network namespace (the peers benchmark needs root)")?;
-        ip(&["link", "add", &link.host_if, "type", "veth", "peer", "name", &peer])?;
+        ip(&["netns", "add", &link.ns])
+            .context("creating a network namespace (the peers benchmark needs root)")?;
+        ip(&[
+            "link",
+            "add",
+            &link.host_if,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &peer,
+        ])?;
         ip(&["link", "set", &peer, "netns", &link.ns])?;
-        ip(&["addr", "add", &format!("{HOST_IP}/30"), "dev", &link.host_if])?;
+        ip(&[
+            "addr",
+            "add",
+            &format!("{HOST_IP}/30"),
+            "dev",
+            &link.host_if,
+        ])?;
         ip(&["link", "set", &link.host_if, "up"])?;
-        ip(&["-n", &link.ns, "addr", "add", &format!("{}/30", Self::REMOTE_IP), "dev", &peer])?;
+        ip(&[
+            "-n",
+            &link.ns,
+            "addr",
+            "add",
+            &format!("{}/30", Self::REMOTE_IP),
+            "dev",
+            &peer,
+        ])?;
         ip(&["-n", &link.ns, "link", "set", &peer, "up"])?;
         ip(&["-n", &link.ns, "link", "set", "lo", "up"])?;
         // Shape both directions: downloads leave the namespace's side, uploads the host's.
@@ -77,28 +107,42 @@ impl Link {
                 .and_then(|s| s.trim().parse().ok())
                 .unwrap_or(0)
         };
-        Counters { rx: read("rx_bytes"), tx: read("tx_bytes") }
+        Counters {
+            rx: read("rx_bytes"),
+            tx: read("tx_bytes"),
+        }
     }
 }
 
 impl Drop for Link {
     fn drop(&mut self) {
         // Deleting one end of a veth pair deletes both; then the namespace goes.
-        let _ = Command::new("ip").args(["link", "del", &self.host_if]).stderr(Stdio::null()).status();
-        let _ = Command::new("ip").args(["netns", "del", &self.ns]).stderr(Stdio::null()).status();
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.host_if])
+            .stderr(Stdio::null())
+            .status();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.ns])
+            .stderr(Stdio::null())
+            .status();
     }
 }
 
 /// Deletes namespaces left by benchmark runs that were killed (their pid is gone), with
 /// their veth pairs.
 fn remove_stale() {
-    let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else { return };
+    let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else {
+        return;
+    };
     for line in String::from_utf8_lossy(&out.stdout).lines() {
         let name = line.split_whitespace().next().unwrap_or("");
         if let Some(pid) = name.strip_prefix("sluice-bench-")
             && !Path::new(&format!("/proc/{pid}")).exists()
         {
-            let _ = Command::new("ip").args(["netns", "del", name]).stderr(Stdio::null()).status();
+            let _ = Command::new("ip")
+                .args(["netns", "del", name])
+                .stderr(Stdio::null())
+                .status();
         }
     }
 }
@@ -108,9 +152,15 @@ fn ip(args: &[&str]) -> anyhow::Result<()> {
 }
 
 fn run(cmd: &mut Command) -> anyhow::Result<()> {
-    let out = cmd.stdin(Stdio::null()).output().with_context(|| format!("running {cmd:?}"))?;
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running {cmd:?}"))?;
     if !out.status.success() {
-        bail!("{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+        bail!(
+            "{cmd:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
     Ok(())
 }

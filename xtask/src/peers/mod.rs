@@ -52,37 +52,71 @@ enum Daemon {
 
 impl Mounted {
     /// Starts `cmd` (a foreground FUSE daemon) and waits until `mountpoint` lists entries.
-    pub fn spawn(mut cmd: Command, mountpoint: &Path, root: PathBuf, log: &Path, settings: String) -> anyhow::Result<Mounted> {
+    pub fn spawn(
+        mut cmd: Command,
+        mountpoint: &Path,
+        root: PathBuf,
+        log: &Path,
+        settings: String,
+    ) -> anyhow::Result<Mounted> {
         std::fs::create_dir_all(mountpoint)?;
         let log_file = std::fs::File::create(log)?;
-        let child = cmd.stdin(Stdio::null()).stdout(log_file.try_clone()?).stderr(log_file).spawn();
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone()?)
+            .stderr(log_file)
+            .spawn();
         let child = match child {
             Ok(c) => c,
             Err(e) => bail!("starting {:?}: {e}", cmd.get_program()),
         };
-        let mut m = Mounted { root, mountpoint: mountpoint.to_path_buf(), daemon: Daemon::Child(child), settings, cache_fs: None };
+        let mut m = Mounted {
+            root,
+            mountpoint: mountpoint.to_path_buf(),
+            daemon: Daemon::Child(child),
+            settings,
+            cache_fs: None,
+        };
         m.wait_ready(log)?;
         Ok(m)
     }
 
     pub fn agent(agent: crate::agent::Agent, settings: String) -> Mounted {
         let mountpoint = agent.mount.clone();
-        Mounted { root: agent.mount.clone(), mountpoint, daemon: Daemon::Agent(agent), settings, cache_fs: None }
+        Mounted {
+            root: agent.mount.clone(),
+            mountpoint,
+            daemon: Daemon::Agent(agent),
+            settings,
+            cache_fs: None,
+        }
     }
 
     fn wait_ready(&mut self, log: &Path) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
-            if is_mounted(&self.mountpoint) && std::fs::read_dir(&self.root).map(|mut d| d.next().is_some()).unwrap_or(false) {
+            if is_mounted(&self.mountpoint)
+                && std::fs::read_dir(&self.root)
+                    .map(|mut d| d.next().is_some())
+                    .unwrap_or(false)
+            {
                 return Ok(());
             }
             if let Daemon::Child(c) = &mut self.daemon
                 && let Some(status) = c.try_wait()?
             {
-                bail!("the daemon for {} exited with {status} before mounting; {}", self.mountpoint.display(), log_tail(log));
+                bail!(
+                    "the daemon for {} exited with {status} before mounting; {}",
+                    self.mountpoint.display(),
+                    log_tail(log)
+                );
             }
             if Instant::now() > deadline {
-                bail!("{} was not mounted within 120s; {}", self.root.display(), log_tail(log));
+                bail!(
+                    "{} was not mounted within 120s; {}",
+                    self.root.display(),
+                    log_tail(log)
+                );
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -106,7 +140,10 @@ impl Mounted {
         match std::mem::replace(&mut self.daemon, Daemon::Gone) {
             Daemon::Agent(a) => a.stop(),
             Daemon::Child(mut c) => {
-                let _ = Command::new("umount").arg(&self.mountpoint).stderr(Stdio::null()).status();
+                let _ = Command::new("umount")
+                    .arg(&self.mountpoint)
+                    .stderr(Stdio::null())
+                    .status();
                 let deadline = Instant::now() + Duration::from_secs(20);
                 while Instant::now() < deadline && !matches!(c.try_wait(), Ok(Some(_))) {
                     std::thread::sleep(Duration::from_millis(100));
@@ -114,7 +151,11 @@ impl Mounted {
                 let _ = c.kill();
                 let _ = c.wait();
                 if is_mounted(&self.mountpoint) {
-                    let _ = Command::new("umount").arg("-l").arg(&self.mountpoint).stderr(Stdio::null()).status();
+                    let _ = Command::new("umount")
+                        .arg("-l")
+                        .arg(&self.mountpoint)
+                        .stderr(Stdio::null())
+                        .status();
                 }
             }
             Daemon::Gone => {}
@@ -139,9 +180,20 @@ impl CacheFs {
         let _ = std::fs::remove_file(image);
         std::fs::create_dir_all(dir)?;
         std::fs::File::create(image)?.set_len(bytes)?;
-        quiet(Command::new("mkfs.ext4").args(["-q", "-F", "-m", "0", "-O", "^has_journal"]).arg(image))?;
-        quiet(Command::new("mount").args(["-o", "loop"]).arg(image).arg(dir))?;
-        Ok(CacheFs { dir: dir.to_path_buf() })
+        quiet(
+            Command::new("mkfs.ext4")
+                .args(["-q", "-F", "-m", "0", "-O", "^has_journal"])
+                .arg(image),
+        )?;
+        quiet(
+            Command::new("mount")
+                .args(["-o", "loop"])
+                .arg(image)
+                .arg(dir),
+        )?;
+        Ok(CacheFs {
+            dir: dir.to_path_buf(),
+        })
     }
 
     /// Bytes free on the filesystem now.
@@ -151,7 +203,8 @@ impl CacheFs {
         let st = unsafe {
             let mut st: libc::statvfs = std::mem::zeroed();
             if libc::statvfs(path.as_ptr(), &mut st) != 0 {
-                return Err(std::io::Error::last_os_error()).with_context(|| format!("statvfs {}", self.dir.display()));
+                return Err(std::io::Error::last_os_error())
+                    .with_context(|| format!("statvfs {}", self.dir.display()));
             }
             st
         };
@@ -161,15 +214,26 @@ impl CacheFs {
 
 impl Drop for CacheFs {
     fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.dir).stderr(Stdio::null()).status();
+        let _ = Command::new("umount")
+            .arg(&self.dir)
+            .stderr(Stdio::null())
+            .status();
     }
 }
 
 /// Runs a setup command, keeping its output unless it fails.
 pub fn quiet(cmd: &mut Command) -> anyhow::Result<()> {
-    let out = cmd.stdin(Stdio::null()).output().with_context(|| format!("starting {:?}", cmd.get_program()))?;
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("starting {:?}", cmd.get_program()))?;
     if !out.status.success() {
-        bail!("{cmd:?} failed with {}: {}{}", out.status, String::from_utf8_lossy(&out.stdout).trim(), String::from_utf8_lossy(&out.stderr).trim());
+        bail!(
+            "{cmd:?} failed with {}: {}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout).trim(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
     Ok(())
 }
@@ -178,29 +242,45 @@ pub fn quiet(cmd: &mut Command) -> anyhow::Result<()> {
 fn log_tail(log: &Path) -> String {
     let text = std::fs::read_to_string(log).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
-    format!("{} ends with:\n{}", log.display(), lines[lines.len().saturating_sub(5)..].join("\n"))
+    format!(
+        "{} ends with:\n{}",
+        log.display(),
+        lines[lines.len().saturating_sub(5)..].join("\n")
+    )
 }
 
 /// Empties a peer's work folder, first detaching whatever a crashed run left mounted in it.
 pub fn clear(dir: &Path) -> anyhow::Result<()> {
     if let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") {
         let prefix = format!("{}/", dir.display());
-        let mut stale: Vec<&str> = info.lines().filter_map(|l| l.split(' ').nth(4)).filter(|m| m.starts_with(&prefix)).collect();
+        let mut stale: Vec<&str> = info
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .filter(|m| m.starts_with(&prefix))
+            .collect();
         // Deepest first, so a mount inside another comes off before its parent.
         stale.sort_by_key(|m| std::cmp::Reverse(m.len()));
         for m in stale {
-            let _ = Command::new("umount").arg("-l").arg(m).stderr(Stdio::null()).status();
+            let _ = Command::new("umount")
+                .arg("-l")
+                .arg(m)
+                .stderr(Stdio::null())
+                .status();
         }
     }
     match std::fs::remove_dir_all(dir) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e).with_context(|| format!("removing {}", dir.display())),
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(e).with_context(|| format!("removing {}", dir.display()))
+        }
         _ => Ok(()),
     }
 }
 
 /// Whether something is mounted at `path` right now.
 pub fn is_mounted(path: &Path) -> bool {
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return false };
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
     let want = path.to_string_lossy();
     info.lines().any(|l| l.split(' ').nth(4) == Some(&want))
 }
@@ -210,7 +290,9 @@ pub fn process_tree(pid: u32) -> Vec<u32> {
     let mut parents: Vec<(u32, u32)> = Vec::new();
     if let Ok(dir) = std::fs::read_dir("/proc") {
         for e in dir.flatten() {
-            let Some(p) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+            let Some(p) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                continue;
+            };
             if let Some(stat) = proc_stat(p) {
                 parents.push((p, stat.ppid));
             }
@@ -220,7 +302,12 @@ pub fn process_tree(pid: u32) -> Vec<u32> {
     let mut i = 0;
     while i < tree.len() {
         let parent = tree[i];
-        tree.extend(parents.iter().filter(|(_, pp)| *pp == parent).map(|(p, _)| *p));
+        tree.extend(
+            parents
+                .iter()
+                .filter(|(_, pp)| *pp == parent)
+                .map(|(p, _)| *p),
+        );
         i += 1;
     }
     tree
@@ -240,12 +327,18 @@ fn proc_stat(pid: u32) -> Option<ProcStat> {
     // SAFETY: sysconf has no preconditions.
     let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     let num = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    Some(ProcStat { ppid: num(1) as u32, cpu_s: (num(11) + num(12) + num(13) + num(14)) / tick })
+    Some(ProcStat {
+        ppid: num(1) as u32,
+        cpu_s: (num(11) + num(12) + num(13) + num(14)) / tick,
+    })
 }
 
 /// CPU seconds used so far by these processes (and their reaped children).
 pub fn cpu_seconds(pids: &[u32]) -> f64 {
-    pids.iter().filter_map(|p| proc_stat(*p)).map(|s| s.cpu_s).sum()
+    pids.iter()
+        .filter_map(|p| proc_stat(*p))
+        .map(|s| s.cpu_s)
+        .sum()
 }
 
 /// Peak resident set size (VmHWM) of these processes, summed, in bytes.
@@ -281,8 +374,15 @@ pub fn version(program: &str, args: &[&str]) -> String {
         .output()
         .ok()
         .and_then(|o| {
-            let text = if o.stdout.is_empty() { o.stderr } else { o.stdout };
-            String::from_utf8_lossy(&text).lines().next().map(|l| l.trim().to_string())
+            let text = if o.stdout.is_empty() {
+                o.stderr
+            } else {
+                o.stdout
+            };
+            String::from_utf8_lossy(&text)
+                .lines()
+                .next()
+                .map(|l| l.trim().to_string())
         })
         .unwrap_or_else(|| "unknown".into())
 }

@@ -13,7 +13,8 @@ pub fn version() -> String {
 
 /// Mounts the dataset's prefix with a fresh cache of the budget's size.
 pub fn mount(store: &Store, dir: &Path, budget: Budget) -> anyhow::Result<Mounted> {
-    let bin = crate::seaweed::which("rclone").context("`rclone` not found: apt-get install rclone (.ci/install-deps installs it)")?;
+    let bin = crate::seaweed::which("rclone")
+        .context("`rclone` not found: apt-get install rclone (.ci/install-deps installs it)")?;
     super::clear(dir)?;
     let (mnt, cache) = (dir.join("mnt"), dir.join("cache"));
     std::fs::create_dir_all(&cache)?;
@@ -26,14 +27,28 @@ pub fn mount(store: &Store, dir: &Path, budget: Budget) -> anyhow::Result<Mounte
         .env("RCLONE_CONFIG_BENCH_TYPE", "s3")
         .env("RCLONE_CONFIG_BENCH_PROVIDER", "Other")
         .env("RCLONE_CONFIG_BENCH_ENDPOINT", &store.endpoint)
-        .env("RCLONE_CONFIG_BENCH_ACCESS_KEY_ID", crate::seaweed::ACCESS_KEY)
-        .env("RCLONE_CONFIG_BENCH_SECRET_ACCESS_KEY", crate::seaweed::SECRET_KEY)
+        .env(
+            "RCLONE_CONFIG_BENCH_ACCESS_KEY_ID",
+            crate::seaweed::ACCESS_KEY,
+        )
+        .env(
+            "RCLONE_CONFIG_BENCH_SECRET_ACCESS_KEY",
+            crate::seaweed::SECRET_KEY,
+        )
         .env("RCLONE_CONFIG_BENCH_REGION", "us-east-1")
         .env("RCLONE_CONFIG_BENCH_FORCE_PATH_STYLE", "true")
         .arg("mount")
         .arg(format!("bench:{}/{}", store.bucket, store.prefix))
         .arg(&mnt)
-        .args(["--read-only", "--vfs-cache-mode", "full", "--dir-cache-time", "1h", "--log-level", "NOTICE"])
+        .args([
+            "--read-only",
+            "--vfs-cache-mode",
+            "full",
+            "--dir-cache-time",
+            "1h",
+            "--log-level",
+            "NOTICE",
+        ])
         .arg("--cache-dir")
         .arg(&cache)
         .arg(format!("--vfs-cache-max-size={}M", mib(budget.disk)))

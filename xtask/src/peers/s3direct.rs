@@ -31,15 +31,25 @@ impl Client {
     pub fn check(self) -> anyhow::Result<String> {
         let module = self.name();
         let out = Command::new("python3")
-            .args(["-c", &format!("import importlib.metadata as m; import {module}; print(m.version('{module}'))")])
+            .args([
+                "-c",
+                &format!(
+                    "import importlib.metadata as m; import {module}; print(m.version('{module}'))"
+                ),
+            ])
             .output()
             .context("running python3")?;
         if !out.status.success() {
             let hint = match self {
                 Client::Boto3 => "pip install boto3",
-                Client::S3TorchConnector => "pip install s3torchconnector (pulls PyTorch, about 5 GB)",
+                Client::S3TorchConnector => {
+                    "pip install s3torchconnector (pulls PyTorch, about 5 GB)"
+                }
             };
-            bail!("python3 cannot import {module}: {hint}\n{}", String::from_utf8_lossy(&out.stderr).trim());
+            bail!(
+                "python3 cannot import {module}: {hint}\n{}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
         }
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
     }
@@ -59,7 +69,13 @@ pub struct Report {
 
 impl Report {
     pub fn epoch(&self) -> Epoch {
-        Epoch { files: self.files, bytes: self.bytes, secs: self.secs, p99_ms: self.p99_ms, errors: self.errors }
+        Epoch {
+            files: self.files,
+            bytes: self.bytes,
+            secs: self.secs,
+            p99_ms: self.p99_ms,
+            errors: self.errors,
+        }
     }
 }
 
@@ -71,7 +87,15 @@ pub struct Job {
 
 /// Starts a job reading `keys` (relative to the store's prefix). `sequential` streams the
 /// single key in 1 MiB reads; otherwise `threads` workers each read whole objects.
-pub fn start(client: Client, store: &Store, work: &Path, tag: &str, keys: &[String], threads: usize, sequential: bool) -> anyhow::Result<Job> {
+pub fn start(
+    client: Client,
+    store: &Store,
+    work: &Path,
+    tag: &str,
+    keys: &[String],
+    threads: usize,
+    sequential: bool,
+) -> anyhow::Result<Job> {
     std::fs::create_dir_all(work)?;
     let script = work.join("s3_reader.py");
     std::fs::write(&script, SCRIPT)?;
@@ -95,7 +119,10 @@ pub fn start(client: Client, store: &Store, work: &Path, tag: &str, keys: &[Stri
         .stderr(Stdio::piped())
         .spawn()
         .context("starting python3")?;
-    Ok(Job { child, _config: config })
+    Ok(Job {
+        child,
+        _config: config,
+    })
 }
 
 impl Job {
@@ -104,7 +131,11 @@ impl Job {
         let stdout = String::from_utf8_lossy(&out.stdout);
         match stdout.lines().last().map(serde_json::from_str::<Report>) {
             Some(Ok(r)) if out.status.success() => Ok(r),
-            _ => bail!("S3 reader failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim()),
+            _ => bail!(
+                "S3 reader failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
         }
     }
 }

@@ -12,23 +12,36 @@ pub fn build() -> anyhow::Result<PathBuf> {
 
 /// Starts the agent with a fresh cache; `epoch_quota` sets `spec.cache: { policy: epoch,
 /// quota }` on the Dataset.
-pub fn mount(bin: &Path, store: &Store, dir: &Path, budget: Budget, epoch_quota: Option<u64>) -> anyhow::Result<Mounted> {
+pub fn mount(
+    bin: &Path,
+    store: &Store,
+    dir: &Path,
+    budget: Budget,
+    epoch_quota: Option<u64>,
+) -> anyhow::Result<Mounted> {
     super::clear(dir)?;
     let setup = AgentSetup {
         work: dir,
         dataset: "bench",
         mount_point: format!("s3://{}/{}", store.bucket, store.prefix),
-        options: format!("endpoint: \"{}\", region: us-east-1, allowHttp: \"true\", pathStyle: \"true\"", store.endpoint),
+        options: format!(
+            "endpoint: \"{}\", region: us-east-1, allowHttp: \"true\", pathStyle: \"true\"",
+            store.endpoint
+        ),
         memory: budget.memory,
         disk: budget.disk,
     };
-    let cache = epoch_quota.map(|q| format!("{{ policy: epoch, quota: {q} }}")).unwrap_or_default();
+    let cache = epoch_quota
+        .map(|q| format!("{{ policy: epoch, quota: {q} }}"))
+        .unwrap_or_default();
     let agent = Agent::start_with_cache(bin, &setup, &cache)?;
     let settings = format!(
         "sluice agent: cache.memory={} MiB, disk capacity={} MiB{}",
         budget.memory >> 20,
         budget.disk >> 20,
-        epoch_quota.map(|q| format!(", spec.cache {{ policy: epoch, quota: {} MiB }}", q >> 20)).unwrap_or_default()
+        epoch_quota
+            .map(|q| format!(", spec.cache {{ policy: epoch, quota: {} MiB }}", q >> 20))
+            .unwrap_or_default()
     );
     Ok(Mounted::agent(agent, settings))
 }
