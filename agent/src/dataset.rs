@@ -249,16 +249,15 @@ impl Dataset {
         counter.fetch_add(n as u64, Ordering::Relaxed);
     }
 
-    /// Block `index` of `object` whole (preloading), counted as served.
+    /// Block `index` of `object` whole, into the cache (preload and prefetch): not counted
+    /// as served, since no reader asked for it yet.
     pub async fn read_block(
         &self,
         mount: usize,
         object: &ObjectInfo,
         index: u64,
     ) -> Result<Bytes, ReadError> {
-        let (value, origin) = self.block(mount, object, index).await?;
-        self.count(origin, value.len());
-        Ok(value)
+        Ok(self.block(mount, object, index).await?.0)
     }
 
     /// `len` bytes of `object` from `offset` (fewer at the end of the object).
