@@ -108,6 +108,8 @@ pub struct DatasetStatus {
     pub bytes: u64,
     pub cached_bytes: u64,
     pub cached_percent: f64,
+    /// Of the bytes readers got, the fraction the cache had when they asked (prefetch and
+    /// preload lookups are not reads, so they do not count).
     pub hit_ratio: f64,
     pub served_memory: u64,
     pub served_disk: u64,
@@ -168,8 +170,13 @@ impl AdminState {
             .map(|d| {
                 let (files, bytes) = d.meta.snapshot().totals();
                 let p = d.dataset.cache.stats();
-                let hits = p.hits_memory + p.hits_disk;
-                let lookups = hits + p.misses;
+                let served = &d.dataset.served;
+                let (memory, disk, source) = (
+                    served.memory.load(Ordering::Relaxed),
+                    served.disk.load(Ordering::Relaxed),
+                    served.source.load(Ordering::Relaxed),
+                );
+                let read = memory + disk + source;
                 DatasetStatus {
                     name: d.dataset.name.clone(),
                     mount_point: d.mount_point.display().to_string(),
@@ -181,15 +188,15 @@ impl AdminState {
                     } else {
                         (p.bytes as f64 * 100.0 / bytes as f64).min(100.0)
                     },
-                    hit_ratio: if lookups == 0 {
+                    hit_ratio: if read == 0 {
                         0.0
                     } else {
-                        hits as f64 / lookups as f64
+                        (memory + disk) as f64 / read as f64
                     },
-                    served_memory: d.dataset.served.memory.load(Ordering::Relaxed),
-                    served_disk: d.dataset.served.disk.load(Ordering::Relaxed),
-                    served_source: d.dataset.served.source.load(Ordering::Relaxed),
-                    fetched_source: d.dataset.served.fetched.load(Ordering::Relaxed),
+                    served_memory: memory,
+                    served_disk: disk,
+                    served_source: source,
+                    fetched_source: served.fetched.load(Ordering::Relaxed),
                 }
             })
             .collect();
