@@ -310,6 +310,12 @@ impl Cache {
     pub fn engine(&self) -> EngineChoice {
         crate::engine_choice(self)
     }
+    /// Resizes the memory tier at runtime (the autoscaler's knob). A smaller budget evicts
+    /// down to it at once, in CLOCK order; with disk tiers nothing is lost, since every
+    /// memory entry was written through to disk. A larger one admits more from then on.
+    pub fn set_memory_capacity(&self, bytes: u64) {
+        crate::set_memory_capacity(self, bytes)
+    }
     /// A snapshot of every counter.
     pub fn stats(&self) -> CacheStats {
         crate::stats(self)

@@ -452,7 +452,7 @@ pub(crate) fn stats(cache: &Cache) -> CacheStats {
         memory: TierStats {
             bytes,
             entries,
-            capacity: inner.memory.capacity,
+            capacity: inner.memory.capacity(),
             hits: inner.memory.hits.load(Relaxed),
             misses: inner.memory.misses.load(Relaxed),
             evictions: inner.memory.evictions.load(Relaxed),
@@ -487,6 +487,19 @@ pub(crate) fn stats(cache: &Cache) -> CacheStats {
         insert_failures: inner.insert_failures.load(Relaxed),
         index_bytes: inner.index.bytes(),
         index_entries: inner.index.len() as u64,
+    }
+}
+
+pub(crate) fn set_memory_capacity(cache: &Cache, bytes: u64) {
+    let inner = &cache.inner;
+    let evicted = inner.memory.set_capacity(bytes);
+    // With disk tiers every memory entry was written through to disk and stays indexed
+    // there, so dropping the memory copy loses nothing. Without them the memory tier is
+    // the partitions' only copy: account for what left.
+    if inner.disks.is_empty() {
+        for (part, len) in evicted {
+            inner.sub(part, len);
+        }
     }
 }
 

@@ -25,5 +25,5 @@ pub use api::*;
 
 pub(crate) use engine::{
     Inner, close, contains, engine_choice, get, get_or_fetch, insert, open, partition,
-    partition_stats, remove, stats,
+    partition_stats, remove, set_memory_capacity, stats,
 };

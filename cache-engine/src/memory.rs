@@ -31,7 +31,8 @@ struct State {
 
 /// The memory tier.
 pub(crate) struct MemoryTier {
-    pub capacity: u64,
+    /// The byte budget; changed at runtime by [`MemoryTier::set_capacity`].
+    capacity: AtomicU64,
     state: Mutex<State>,
     pub hits: AtomicU64,
     pub misses: AtomicU64,
@@ -44,7 +45,7 @@ pub(crate) type Evicted = Vec<(u16, u64)>;
 impl MemoryTier {
     pub(crate) fn new(capacity: u64) -> Self {
         MemoryTier {
-            capacity,
+            capacity: AtomicU64::new(capacity),
             state: Mutex::new(State::default()),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
@@ -91,29 +92,11 @@ impl MemoryTier {
             st.bytes -= e.value.len() as u64;
             (e.part, e.value.len() as u64)
         });
-        if len > self.capacity || (!evict && st.bytes + len > self.capacity) {
+        let capacity = self.capacity();
+        if len > capacity || (!evict && st.bytes + len > capacity) {
             return (false, replaced, evicted);
         }
-        while st.bytes + len > self.capacity {
-            let Some((k, generation)) = st.clock.pop_front() else {
-                break;
-            };
-            let second_chance = match st.map.get_mut(&k) {
-                Some(e) if e.generation == generation => {
-                    let visited = e.visited;
-                    e.visited = false;
-                    visited
-                }
-                _ => continue, // removed or replaced since it was queued
-            };
-            if second_chance {
-                st.clock.push_back((k, generation));
-            } else if let Some(e) = st.map.remove(&k) {
-                st.bytes -= e.value.len() as u64;
-                self.evictions.fetch_add(1, Relaxed);
-                evicted.push((e.part, e.value.len() as u64));
-            }
-        }
+        self.evict_to(&mut st, capacity - len, &mut evicted);
         let generation = st.next_generation;
         st.next_generation += 1;
         st.bytes += len;
@@ -133,6 +116,45 @@ impl MemoryTier {
             clock.retain(|(k, g)| map.get(k).is_some_and(|e| e.generation == *g));
         }
         (true, replaced, evicted)
+    }
+
+    /// The byte budget now.
+    pub(crate) fn capacity(&self) -> u64 {
+        self.capacity.load(Relaxed)
+    }
+
+    /// Sets the byte budget; a smaller one evicts (CLOCK order) down to it at once. Returns
+    /// the entries evicted, for the caller's partition accounting.
+    pub(crate) fn set_capacity(&self, capacity: u64) -> Evicted {
+        let mut st = self.state.lock().unwrap();
+        self.capacity.store(capacity, Relaxed);
+        let mut evicted = Vec::new();
+        self.evict_to(&mut st, capacity, &mut evicted);
+        evicted
+    }
+
+    /// Runs the CLOCK hand until at most `target` bytes are held.
+    fn evict_to(&self, st: &mut State, target: u64, evicted: &mut Evicted) {
+        while st.bytes > target {
+            let Some((k, generation)) = st.clock.pop_front() else {
+                break;
+            };
+            let second_chance = match st.map.get_mut(&k) {
+                Some(e) if e.generation == generation => {
+                    let visited = e.visited;
+                    e.visited = false;
+                    visited
+                }
+                _ => continue, // removed or replaced since it was queued
+            };
+            if second_chance {
+                st.clock.push_back((k, generation));
+            } else if let Some(e) = st.map.remove(&k) {
+                st.bytes -= e.value.len() as u64;
+                self.evictions.fetch_add(1, Relaxed);
+                evicted.push((e.part, e.value.len() as u64));
+            }
+        }
     }
 
     /// Drops the entry; returns its (partition, bytes).
@@ -166,5 +188,32 @@ mod tests {
         assert_eq!(evicted.len(), 1);
         assert!(m.contains(&Key([0; 16])));
         assert!(!m.contains(&Key([1; 16])));
+    }
+
+    #[test]
+    fn shrinking_evicts_down_and_growing_admits_more() {
+        let m = MemoryTier::new(1000);
+        for i in 0..10u8 {
+            assert!(m.insert(Key([i; 16]), 0, Bytes::from(vec![i; 100]), true).0);
+        }
+        assert!(m.get(&Key([9; 16]), true).is_some());
+        let evicted = m.set_capacity(300);
+        assert_eq!(evicted.len(), 7);
+        assert_eq!(m.usage(), (300, 3));
+        assert!(
+            m.contains(&Key([9; 16])),
+            "the visited entry had a second chance"
+        );
+        // Without eviction an insert must fit the new budget.
+        assert!(
+            !m.insert(Key([20; 16]), 0, Bytes::from(vec![0; 100]), false)
+                .0
+        );
+        m.set_capacity(600);
+        assert!(
+            m.insert(Key([20; 16]), 0, Bytes::from(vec![0; 100]), false)
+                .0
+        );
+        assert_eq!(m.usage(), (400, 4));
     }
 }
