@@ -17,6 +17,7 @@ fn init_logs() {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         // Client libraries log URLs and headers the agent cannot scrub where they are made.
         .with_writer(sluice::secret::RedactingWriter::new(std::io::stderr))
         .init();

@@ -60,10 +60,7 @@ spec:
     - mountPoint: {mount_point}
       name: data
       options: {{ {options} }}
-      secretRefs:
-        - {{ key: accessKeyId, env: SLUICE_BENCH_AK }}
-        - {{ key: secretAccessKey, env: SLUICE_BENCH_SK }}
-"#,
+{secrets}"#,
             work = work.display(),
             metrics = crate::seaweed::free_port(),
             memory = setup.memory,
@@ -71,6 +68,12 @@ spec:
             dataset = setup.dataset,
             mount_point = setup.mount_point,
             options = setup.options,
+            // Only object stores take credentials (a file:// mount refuses them).
+            secrets = if setup.mount_point.starts_with("s3://") {
+                "      secretRefs:\n        - { key: accessKeyId, env: SLUICE_BENCH_AK }\n        - { key: secretAccessKey, env: SLUICE_BENCH_SK }\n"
+            } else {
+                ""
+            },
             cache = if cache.is_empty() {
                 String::new()
             } else {
@@ -85,7 +88,7 @@ spec:
             .arg(&config_path)
             .env("SLUICE_BENCH_AK", crate::seaweed::ACCESS_KEY)
             .env("SLUICE_BENCH_SK", crate::seaweed::SECRET_KEY)
-            .env("RUST_LOG", "warn")
+            .env("SLUICE_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)

@@ -158,10 +158,14 @@ impl ObjectSource {
             .keys()
             .find(|k| !allowed_secrets.contains(&k.as_str()))
         {
-            return Err(config_err(format!(
-                "unknown secret key {k:?}; this scheme accepts {}",
-                allowed_secrets.join(", ")
-            )));
+            return Err(config_err(if allowed_secrets.is_empty() {
+                format!("unknown secret key {k:?}; this scheme takes no secrets")
+            } else {
+                format!(
+                    "unknown secret key {k:?}; this scheme accepts {}",
+                    allowed_secrets.join(", ")
+                )
+            }));
         }
 
         let endpoint = opts.get("endpoint").cloned();
