@@ -2,7 +2,7 @@
 //!
 //! One request line per connection, e.g. `{"op":"status"}`,
 //! `{"op":"load","dataset":"imagenet","path":"train","metadataOnly":false}`,
-//! `{"op":"refresh","dataset":"imagenet"}`; the answer is one JSON line, or for `load` a
+//! `{"op":"refresh","dataset":"imagenet"}`, `{"op":"stalls"}`; the answer is one JSON line, or for `load` a
 //! stream of `{"type":"progress",…}` lines ending in `{"type":"done",…}`. Failures are
 //! `{"type":"error","message":…}`.
 
@@ -96,6 +96,8 @@ pub enum AdminRequest {
     Refresh {
         dataset: String,
     },
+    /// Per-workload stalls (`sluice stalls`).
+    Stalls,
 }
 
 /// `sluice status` for one dataset.
@@ -157,6 +159,8 @@ pub struct AdminState {
     pub datasets: Vec<Arc<ServedDataset>>,
     /// Where block reads run (see `fuse::pool`).
     pub pool: Arc<ReadPool>,
+    /// The stall observer's latest report.
+    pub stalls: crate::observe::SharedReport,
 }
 
 impl AdminState {
@@ -295,6 +299,18 @@ async fn handle(conn: UnixStream, state: Arc<AdminState>) -> std::io::Result<()>
             send(
                 &mut write,
                 &serde_json::json!({"type": "status", "status": status}),
+            )
+            .await
+        }
+        AdminRequest::Stalls => {
+            let report = state
+                .stalls
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            send(
+                &mut write,
+                &serde_json::json!({"type": "stalls", "stalls": report}),
             )
             .await
         }

@@ -40,6 +40,7 @@
 //! | `SLUICE_CACHE_MEMORY` | `agent.cache.memory` (e.g. `8GiB`) |
 //! | `SLUICE_CACHE_ENGINE` | `agent.cache.engine` |
 //! | `SLUICE_BLOCK_SIZE` | `agent.blockSize` |
+//! | `SLUICE_STALLS_ENABLED` | `agent.stalls.enabled` (`true`/`false`) |
 
 use std::collections::BTreeMap;
 use std::collections::HashSet;
@@ -69,6 +70,8 @@ pub struct AgentConfig {
     pub cache: AgentCacheConfig,
     /// Block size for large objects (objects up to this size are one block).
     pub block_size: ByteSize,
+    /// Stall observation with the eBPF probes (`sluice stalls`).
+    pub stalls: StallsConfig,
 }
 
 impl Default for AgentConfig {
@@ -80,6 +83,43 @@ impl Default for AgentConfig {
             admin_socket: PathBuf::from("/run/sluice/admin.sock"),
             cache: AgentCacheConfig::default(),
             block_size: ByteSize(4 << 20),
+            stalls: StallsConfig::default(),
+        }
+    }
+}
+
+/// `agent.stalls`: which reads count as dataset reads and how the observer reports them.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct StallsConfig {
+    /// Load the eBPF probes (the agent runs without them when they cannot load).
+    pub enabled: bool,
+    /// Absolute directories whose files also count as dataset reads (besides every
+    /// dataset mount), e.g. a dataset copied to local disk.
+    pub watch_prefixes: Vec<PathBuf>,
+    /// How often the counters are read and the stall signal published.
+    pub tick_millis: u64,
+    /// 1 in this many dataset reads is sampled (to find the files waited on).
+    pub sample_every: u32,
+    /// A tick in which a workload waited at least this share of the wall time is part of
+    /// a stall episode.
+    pub episode_min_ratio: f64,
+    /// While an episode goes on, log it every this many seconds (and once when it ends).
+    pub episode_log_secs: u64,
+    /// Where kubelet keeps `<namespace>_<name>_<uid>` directories: names pods by UID.
+    pub pod_log_dir: PathBuf,
+}
+
+impl Default for StallsConfig {
+    fn default() -> Self {
+        StallsConfig {
+            enabled: true,
+            watch_prefixes: Vec::new(),
+            tick_millis: 1000,
+            sample_every: 16,
+            episode_min_ratio: 0.1,
+            episode_log_secs: 30,
+            pod_log_dir: PathBuf::from("/var/log/pods"),
         }
     }
 }
@@ -672,6 +712,18 @@ impl AgentConfig {
         if let Some(v) = env("SLUICE_BLOCK_SIZE") {
             self.block_size = size("SLUICE_BLOCK_SIZE", &v)?;
         }
+        if let Some(v) = env("SLUICE_STALLS_ENABLED") {
+            self.stalls.enabled = match v.trim() {
+                "1" | "true" | "on" | "yes" => true,
+                "0" | "false" | "off" | "no" => false,
+                other => {
+                    return Err(ConfigError::Env {
+                        var: "SLUICE_STALLS_ENABLED".into(),
+                        message: format!("{other:?}: use true or false"),
+                    });
+                }
+            };
+        }
         // "Empty disables it", whichever way the empty value arrived.
         if self
             .metrics_addr
@@ -699,6 +751,27 @@ impl AgentConfig {
         self.cache
             .engine_kind()
             .map_err(|m| invalid("agent.cache.engine".into(), m))?;
+        let st = &self.stalls;
+        if !(10..=60_000).contains(&st.tick_millis) {
+            return Err(invalid(
+                "agent.stalls.tickMillis".into(),
+                format!("{} is not in 10..=60000", st.tick_millis),
+            ));
+        }
+        if !(0.0..=1.0).contains(&st.episode_min_ratio) {
+            return Err(invalid(
+                "agent.stalls.episodeMinRatio".into(),
+                format!("{} is not in [0, 1]", st.episode_min_ratio),
+            ));
+        }
+        for (i, p) in st.watch_prefixes.iter().enumerate() {
+            if !p.is_absolute() {
+                return Err(invalid(
+                    format!("agent.stalls.watchPrefixes[{i}]"),
+                    format!("{} is not an absolute path", p.display()),
+                ));
+            }
+        }
         for (i, d) in self.cache.disks.iter().enumerate() {
             for (name, w) in [
                 ("highWatermark", d.high_watermark),

@@ -13,16 +13,21 @@ use sluice::dataset::{Dataset, DatasetMount};
 use sluice::source::{ObjectInfo, Source, SourceError};
 
 use crate::admin::{AdminState, ServedDataset, list_all};
+use crate::control::autoscale::Autoscaler;
+use crate::control::prefetch::Prefetcher;
+use crate::control::{FuseStalls, Limiter, SourceHealth};
 use crate::fuse::fdstore::FdStore;
 use crate::fuse::{DatasetFs, MountedDataset};
 use crate::meta::{MetaCache, Tree};
 use crate::metrics::Metrics;
 
-/// A source that records each request's latency in the metrics.
+/// A source that records each request's latency in the metrics, and its failures for the
+/// autoscaler.
 #[derive(Debug)]
 struct TimedSource {
     inner: Arc<dyn Source>,
     metrics: Arc<Metrics>,
+    health: Arc<SourceHealth>,
 }
 
 #[async_trait]
@@ -44,6 +49,7 @@ impl Source for TimedSource {
         let start = Instant::now();
         let r = self.inner.read(object, range).await;
         self.metrics.source_request(self.inner.id(), start);
+        self.health.record(&r);
         r
     }
 }
@@ -91,6 +97,7 @@ pub async fn run(config_path: &Path) -> Result<()> {
     }
 
     let metrics = Arc::new(Metrics::new());
+    let health = Arc::new(SourceHealth::default());
     let mut served = Vec::new();
     for spec in &config.datasets {
         let mut ds = Dataset::open(spec, &cache, agent.block_size.0)?;
@@ -100,6 +107,7 @@ pub async fn run(config_path: &Path) -> Result<()> {
                 source: Arc::new(TimedSource {
                     inner: m.source.clone(),
                     metrics: metrics.clone(),
+                    health: health.clone(),
                 }),
             };
         }
@@ -141,6 +149,12 @@ pub async fn run(config_path: &Path) -> Result<()> {
         }));
     }
 
+    // Listing and parsing left their transient allocations (every key as a String, the JSON
+    // of the persisted tree) in malloc's free lists; give them back so the agent's resident
+    // size is what the compact trees hold.
+    // SAFETY: malloc_trim only releases free heap memory; it has no preconditions.
+    unsafe { libc::malloc_trim(0) };
+
     // The fd keeper outlives us, so a crash leaves mounts alive for the next agent.
     let store = match FdStore::connect_or_spawn(&agent.state_dir.join("fdstore.sock")) {
         Ok(s) => Some(s),
@@ -151,13 +165,39 @@ pub async fn run(config_path: &Path) -> Result<()> {
     };
 
     let pool = Arc::new(crate::fuse::pool::ReadPool::new(4)?);
+    // The control loops: one prefetch budget for the node, a prefetcher per dataset, the
+    // FUSE side's stall estimate (the autoscaler's signal while the observer is silent).
+    let limiter = agent
+        .prefetch
+        .enabled
+        .then(|| Limiter::new(agent.prefetch.concurrency));
+    let fuse_stalls = Arc::new(FuseStalls::default());
     let mut mounted: Vec<MountedDataset> = Vec::new();
-    for d in &served {
+    for (d, spec) in served.iter().zip(&config.datasets) {
+        let prefetch = limiter.as_ref().map(|l| {
+            let policy = spec
+                .spec
+                .cache
+                .partition_config()
+                .map(|p| p.policy)
+                .unwrap_or_default();
+            Arc::new(Prefetcher::new(
+                d.dataset.clone(),
+                cache.clone(),
+                policy,
+                pool.clone(),
+                l.clone(),
+                metrics.control.clone(),
+                agent.prefetch.clone(),
+            ))
+        });
         let fs = DatasetFs::new(
             d.dataset.clone(),
             d.meta.clone(),
             pool.clone(),
             metrics.clone(),
+            prefetch,
+            fuse_stalls.clone(),
         );
         let mp = d.mount_point.clone();
         let st = store.clone();
@@ -168,12 +208,53 @@ pub async fn run(config_path: &Path) -> Result<()> {
         mounted.push(m);
     }
 
+    // The stall signal: the observer produces it, the control loops subscribe to
+    // `stall_rx` (clone it; the latest tick wins).
+    let (stall_tx, stall_rx) = crate::signal::channel();
+    let watched = served
+        .iter()
+        .zip(&config.datasets)
+        .map(|(d, spec)| {
+            let mut kinds: Vec<String> = spec
+                .spec
+                .mounts
+                .iter()
+                .map(|m| crate::observe::source_kind(&m.mount_point))
+                .collect();
+            kinds.dedup();
+            crate::observe::WatchedDataset {
+                served: d.clone(),
+                source: kinds.join("+"),
+            }
+        })
+        .collect();
+    let (stalls, observer) =
+        crate::observe::start(agent.stalls.clone(), watched, metrics.clone(), stall_tx).await;
+
     let state = Arc::new(AdminState {
         cache: cache.clone(),
         datasets: served.clone(),
         pool: pool.clone(),
+        stalls,
     });
-    let mut tasks = Vec::new();
+    let mut tasks = vec![observer];
+    if agent.autoscale.enabled {
+        let scaler = Autoscaler::new(
+            &agent,
+            cache.clone(),
+            limiter.clone(),
+            stall_rx.clone(),
+            fuse_stalls.clone(),
+            health.clone(),
+            metrics.control.clone(),
+        );
+        tracing::info!(
+            prefetch = ?limiter.as_ref().map(|l| l.limit()),
+            memory = agent.cache.memory.0,
+            "autoscaler on"
+        );
+        tasks.push(tokio::spawn(scaler.run()));
+    }
     tasks.push(tokio::spawn({
         let (path, state) = (agent.admin_socket.clone(), state.clone());
         async move {
@@ -217,7 +298,10 @@ pub async fn run(config_path: &Path) -> Result<()> {
     tracing::info!("shutting down: unmounting");
     for t in tasks {
         t.abort();
+        // Dropping the observer's task unloads the probes before the mounts go.
+        let _ = t.await;
     }
+    drop(stall_rx);
     for m in mounted {
         m.unmount(store.as_ref());
     }

@@ -7,6 +7,7 @@ mod demo;
 mod fuse;
 mod meta;
 mod metrics;
+mod observe;
 mod signal;
 
 use clap::Parser;
@@ -39,6 +40,7 @@ fn main() -> anyhow::Result<()> {
             agent,
         } => cli::load::run(&agent, &target, metadata_only),
         Command::Status { json, agent } => cli::status::run(&agent, json),
+        Command::Stalls { json, watch, agent } => cli::stalls::run(&agent, json, watch),
         Command::Demo { files } => demo::run(files),
         Command::Fdstore { socket } => Ok(fuse::fdstore::run_keeper(&socket)?),
     }

@@ -34,6 +34,8 @@ pub struct Metrics {
     cache_misses: Family<Labels, Counter>,
     cache_bytes: Family<Labels, Gauge>,
     cache_capacity_bytes: Family<Labels, Gauge>,
+    /// Per-workload stall metrics (filled by the observer).
+    pub stalls: crate::observe::metrics::StallMetrics,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -97,6 +99,8 @@ impl Metrics {
             "Capacity per cache tier",
             cache_capacity_bytes.clone(),
         );
+        let stalls = crate::observe::metrics::StallMetrics::default();
+        stalls.register(&mut registry);
         Metrics {
             registry,
             fuse_op_seconds,
@@ -107,6 +111,7 @@ impl Metrics {
             cache_misses,
             cache_bytes,
             cache_capacity_bytes,
+            stalls,
         }
     }
 

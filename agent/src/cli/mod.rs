@@ -1,6 +1,8 @@
-//! The command line: `sluice agent`, `sluice load`, `sluice status`, `sluice demo`.
+//! The command line: `sluice agent`, `sluice load`, `sluice status`, `sluice stalls`,
+//! `sluice demo`.
 
 pub mod load;
+pub mod stalls;
 pub mod status;
 
 use std::io::{BufRead, BufReader, Write};
@@ -44,6 +46,18 @@ pub enum Command {
         /// Print the agent's JSON answer instead of a table.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        agent: AgentAddr,
+    },
+    /// Per pod or process: wall time, time stalled on dataset reads, stall ratio, MiB/s,
+    /// p50/p99 read latency, hit ratio and where it waited (needs the eBPF probes).
+    Stalls {
+        /// Print the agent's JSON answer instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Refresh every second until Ctrl-C (with --json: one JSON line per second).
+        #[arg(long)]
+        watch: bool,
         #[command(flatten)]
         agent: AgentAddr,
     },
