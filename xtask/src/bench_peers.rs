@@ -390,6 +390,10 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         doc.display(),
         plots.display()
     );
+    // The report above shows the peers either way; a run without Sluice's rows is a failure.
+    if let Some(e) = &report.sluice_error {
+        bail!("Sluice did not run: {e}");
+    }
     Ok(())
 }
 
