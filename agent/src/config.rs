@@ -70,6 +70,10 @@ pub struct AgentConfig {
     pub cache: AgentCacheConfig,
     /// Block size for large objects (objects up to this size are one block).
     pub block_size: ByteSize,
+    /// The prefetcher (readahead, directory scans, repeated epochs).
+    pub prefetch: PrefetchConfig,
+    /// The AIMD autoscaler of prefetch concurrency and the memory tier.
+    pub autoscale: AutoscaleConfig,
     /// Stall observation with the eBPF probes (`sluice stalls`).
     pub stalls: StallsConfig,
 }
@@ -83,6 +87,8 @@ impl Default for AgentConfig {
             admin_socket: PathBuf::from("/run/sluice/admin.sock"),
             cache: AgentCacheConfig::default(),
             block_size: ByteSize(4 << 20),
+            prefetch: PrefetchConfig::default(),
+            autoscale: AutoscaleConfig::default(),
             stalls: StallsConfig::default(),
         }
     }
@@ -748,6 +754,12 @@ impl AgentConfig {
                 "must be more than 0".into(),
             ));
         }
+        self.prefetch
+            .validate()
+            .map_err(|(f, m)| invalid(format!("agent.prefetch.{f}"), m))?;
+        self.autoscale
+            .validate(&self.prefetch, self.cache.memory.0)
+            .map_err(|(f, m)| invalid(format!("agent.autoscale.{f}"), m))?;
         self.cache
             .engine_kind()
             .map_err(|m| invalid("agent.cache.engine".into(), m))?;
@@ -829,5 +841,146 @@ impl AgentCacheConfig {
                 "unknown engine {other:?}: use auto, io_uring or psync"
             )),
         }
+    }
+}
+
+/// `agent.prefetch`: what the agent fetches ahead of readers (see docs/prefetch.md).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct PrefetchConfig {
+    /// Off: no readahead, directory-scan or epoch prefetch by the agent (the kernel still
+    /// reads ahead within a file).
+    pub enabled: bool,
+    /// Prefetch fetches in flight on the node at start (the autoscaler moves it).
+    pub concurrency: usize,
+    /// Largest readahead window within a file, in blocks.
+    pub max_window: u64,
+    /// Most files of a directory fetched ahead of a reader that scans it in listing order.
+    pub dir_files: usize,
+    /// Recognise a repeated epoch over a dataset's files and prefetch what is not cached.
+    pub epoch: bool,
+    /// Files fetched ahead of a reader that repeats the previous epoch's order.
+    pub epoch_files: usize,
+}
+
+impl Default for PrefetchConfig {
+    fn default() -> Self {
+        PrefetchConfig {
+            enabled: true,
+            concurrency: 16,
+            max_window: 8,
+            dir_files: 16,
+            epoch: true,
+            epoch_files: 32,
+        }
+    }
+}
+
+impl PrefetchConfig {
+    fn validate(&self) -> Result<(), (&'static str, String)> {
+        if self.concurrency == 0 {
+            return Err(("concurrency", "must be more than 0".into()));
+        }
+        if self.max_window == 0 {
+            return Err(("maxWindow", "must be more than 0".into()));
+        }
+        Ok(())
+    }
+}
+
+/// `agent.autoscale`: AIMD on prefetch concurrency and the memory tier, driven by the
+/// stall signal (see docs/prefetch.md).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct AutoscaleConfig {
+    /// Off: prefetch concurrency and the memory tier stay as configured.
+    pub enabled: bool,
+    /// A workload whose stall ratio (time blocked on dataset reads / wall time) in a tick
+    /// is above this is stalling.
+    pub stall_threshold: f64,
+    /// Bounds of prefetch concurrency.
+    pub min_prefetch: usize,
+    pub max_prefetch: usize,
+    /// Prefetch slots added per stalled tick.
+    pub prefetch_step: usize,
+    /// Upper bound of the memory tier (default: twice `agent.cache.memory`); it never
+    /// goes below `agent.cache.memory`.
+    pub max_memory: Option<ByteSize>,
+    /// Memory added per stalled tick (default: an eighth of `agent.cache.memory`).
+    pub memory_step: Option<ByteSize>,
+    /// On source errors or throttling both knobs are multiplied by this (0 < factor < 1).
+    pub factor: f64,
+    /// Calm ticks (no stall) after which a knob decays one step towards its start value.
+    pub decay_after: u32,
+}
+
+impl Default for AutoscaleConfig {
+    fn default() -> Self {
+        AutoscaleConfig {
+            enabled: true,
+            stall_threshold: 0.05,
+            min_prefetch: 2,
+            max_prefetch: 64,
+            prefetch_step: 4,
+            max_memory: None,
+            memory_step: None,
+            factor: 0.5,
+            decay_after: 30,
+        }
+    }
+}
+
+impl AutoscaleConfig {
+    fn validate(
+        &self,
+        prefetch: &PrefetchConfig,
+        memory: u64,
+    ) -> Result<(), (&'static str, String)> {
+        if !(self.factor > 0.0 && self.factor < 1.0) {
+            return Err(("factor", format!("{} is not in (0, 1)", self.factor)));
+        }
+        if !(self.stall_threshold >= 0.0 && self.stall_threshold < 1.0) {
+            return Err((
+                "stallThreshold",
+                format!("{} is not in [0, 1)", self.stall_threshold),
+            ));
+        }
+        if self.min_prefetch == 0 || self.min_prefetch > self.max_prefetch {
+            return Err((
+                "minPrefetch",
+                format!(
+                    "must be at least 1 and at most maxPrefetch ({})",
+                    self.max_prefetch
+                ),
+            ));
+        }
+        if !(self.min_prefetch..=self.max_prefetch).contains(&prefetch.concurrency) {
+            return Err((
+                "maxPrefetch",
+                format!(
+                    "agent.prefetch.concurrency {} is outside [minPrefetch, maxPrefetch]",
+                    prefetch.concurrency
+                ),
+            ));
+        }
+        if let Some(max) = self.max_memory
+            && max.0 < memory
+        {
+            return Err((
+                "maxMemory",
+                format!("{} is below agent.cache.memory ({memory})", max.0),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The memory tier's upper bound for a configured memory tier of `memory` bytes.
+    pub fn max_memory_for(&self, memory: u64) -> u64 {
+        self.max_memory.map_or(memory.saturating_mul(2), |m| m.0)
+    }
+
+    /// The memory step for a configured memory tier of `memory` bytes.
+    pub fn memory_step_for(&self, memory: u64) -> u64 {
+        self.memory_step.map_or((memory / 8).max(1 << 20), |m| m.0)
     }
 }

@@ -2,6 +2,7 @@
 
 mod admin;
 mod cli;
+mod control;
 mod daemon;
 mod demo;
 mod fuse;

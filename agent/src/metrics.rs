@@ -26,6 +26,8 @@ fn latency_histogram() -> Histogram {
 /// Every metric the agent exports.
 pub struct Metrics {
     registry: Registry,
+    /// The prefetcher's and the autoscaler's families.
+    pub control: crate::control::ControlMetrics,
     fuse_op_seconds: Family<Labels, Histogram, fn() -> Histogram>,
     source_request_seconds: Family<Labels, Histogram, fn() -> Histogram>,
     served_bytes: Family<Labels, Counter>,
@@ -54,6 +56,7 @@ impl Metrics {
     /// A registry with every family registered.
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("sluice");
+        let control = crate::control::ControlMetrics::register(&mut registry);
         let fuse_op_seconds = Family::<Labels, Histogram, fn() -> Histogram>::new_with_constructor(
             latency_histogram as fn() -> Histogram,
         );
@@ -103,6 +106,7 @@ impl Metrics {
         stalls.register(&mut registry);
         Metrics {
             registry,
+            control,
             fuse_op_seconds,
             source_request_seconds,
             served_bytes,

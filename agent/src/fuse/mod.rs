@@ -2,8 +2,9 @@
 //!
 //! Metadata operations are answered from the [`MetaCache`](crate::meta::MetaCache) on the
 //! fuser threads; each `read` becomes a tokio task that replies when its bytes arrive, so
-//! slow fetches never hold a FUSE thread. A sequential reader gets the next blocks of its
-//! file prefetched (a window that doubles on each sequential read and resets on a seek).
+//! slow fetches never hold a FUSE thread. Opens and reads feed the dataset's prefetcher
+//! ([`crate::control::prefetch`]: readahead, directory scans, repeated epochs), and each
+//! read's wait is counted per reading process for the FUSE-side stall estimate.
 //!
 //! Restart survival: every mount's `/dev/fuse` fd is also held by the fd keeper
 //! ([`fdstore`]); a restarted agent takes it back, adopts the live connection and asks the
@@ -14,25 +15,23 @@ pub mod fdstore;
 pub mod mount;
 pub mod pool;
 
-use std::collections::HashMap;
 use std::ffi::OsStr;
-use std::ops::Range;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::control::FuseStalls;
+use crate::control::prefetch::Prefetcher;
+use crate::meta::{Entry, EntryKind, MetaCache};
+use crate::metrics::Metrics;
+use fdstore::FdStore;
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyDirectoryPlus,
     ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyXattr, Request, Session, SessionACL,
 };
-use tokio::sync::Semaphore;
-
-use crate::meta::{Entry, EntryKind, MetaCache};
-use crate::metrics::Metrics;
-use fdstore::FdStore;
 use pool::ReadPool;
 use sluice::dataset::Dataset;
 
@@ -40,68 +39,28 @@ use sluice::dataset::Dataset;
 const TTL: Duration = Duration::from_secs(3600);
 /// Largest read the kernel sends us.
 pub const MAX_READ: u32 = 1 << 20;
-/// Readahead window cap, in blocks.
-const MAX_WINDOW: u64 = 8;
-/// Prefetches in flight per mount.
-const PREFETCH_CONCURRENCY: usize = 16;
-const HANDLE_SHARDS: usize = 32;
-
-/// Per open file: where the next sequential read would start and how far ahead we fetched.
-#[derive(Debug, Default, Clone, Copy)]
-struct Readahead {
-    next: u64,
-    window: u64,
-    ahead_until: u64,
-}
-
-impl Readahead {
-    /// Updates the state for a read of `size` at `offset` and returns the blocks to prefetch.
-    fn on_read(
-        &mut self,
-        offset: u64,
-        size: u64,
-        file_size: u64,
-        block: u64,
-    ) -> Option<Range<u64>> {
-        if offset == self.next {
-            self.window = (self.window * 2).clamp(1, MAX_WINDOW);
-        } else {
-            self.window = 0;
-            self.ahead_until = 0;
-        }
-        self.next = offset + size;
-        if self.window == 0 || file_size <= block {
-            return None;
-        }
-        let blocks = file_size.div_ceil(block);
-        let current = (offset + size).saturating_sub(1) / block;
-        let from = (current + 1).max(self.ahead_until);
-        let to = (current + 1 + self.window).min(blocks);
-        (from < to).then(|| {
-            self.ahead_until = to;
-            from..to
-        })
-    }
-}
-
 /// One dataset as a FUSE filesystem.
 pub struct DatasetFs {
     dataset: Arc<Dataset>,
     meta: Arc<MetaCache>,
     pool: Arc<ReadPool>,
     metrics: Arc<Metrics>,
-    handles: Vec<Mutex<HashMap<u64, Readahead>>>,
     next_fh: AtomicU64,
-    prefetch: Arc<Semaphore>,
+    /// `None` when `agent.prefetch.enabled` is off.
+    prefetch: Option<Arc<Prefetcher>>,
+    stalls: Arc<FuseStalls>,
 }
 
 impl DatasetFs {
-    /// A filesystem serving `dataset` with the namespace in `meta`; reads run on `pool`.
+    /// A filesystem serving `dataset` with the namespace in `meta`; reads run on `pool`,
+    /// feed `prefetch` (if on) and count their waits in `stalls`.
     pub fn new(
         dataset: Arc<Dataset>,
         meta: Arc<MetaCache>,
         pool: Arc<ReadPool>,
         metrics: Arc<Metrics>,
+        prefetch: Option<Arc<Prefetcher>>,
+        stalls: Arc<FuseStalls>,
     ) -> Self {
         // Handles of a previous agent may still be open in the kernel; starting from the
         // clock makes a clash (which would only share readahead state) unlikely.
@@ -115,11 +74,9 @@ impl DatasetFs {
             meta,
             pool,
             metrics,
-            handles: (0..HANDLE_SHARDS)
-                .map(|_| Mutex::new(HashMap::new()))
-                .collect(),
             next_fh: AtomicU64::new(start),
-            prefetch: Arc::new(Semaphore::new(PREFETCH_CONCURRENCY)),
+            prefetch,
+            stalls,
         }
     }
 
@@ -147,10 +104,6 @@ impl DatasetFs {
             blksize: 128 << 10,
             flags: 0,
         }
-    }
-
-    fn shard(&self, fh: u64) -> &Mutex<HashMap<u64, Readahead>> {
-        &self.handles[(fh as usize) % HANDLE_SHARDS]
     }
 
     fn readdir_entries(&self, ino: u64, offset: u64) -> Option<Vec<(u64, String, Entry)>> {
@@ -217,11 +170,10 @@ impl Filesystem for DatasetFs {
                 ..
             }) => {
                 let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-                self.shard(fh)
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(fh, Readahead::default());
                 reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE);
+                if let Some(p) = &self.prefetch {
+                    p.on_open(&self.meta.snapshot(), ino.0, fh);
+                }
             }
             Some(_) => reply.error(Errno::EISDIR),
             None => reply.error(Errno::ENOENT),
@@ -231,7 +183,7 @@ impl Filesystem for DatasetFs {
 
     fn read(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -244,7 +196,6 @@ impl Filesystem for DatasetFs {
         let tree = self.meta.snapshot();
         let Some(Entry {
             kind: EntryKind::File { mount, object },
-            size: file_size,
             ..
         }) = tree.get(ino.0)
         else {
@@ -255,18 +206,10 @@ impl Filesystem for DatasetFs {
             });
             return;
         };
-        let block = self.dataset.block_size;
-        // A handle opened by a previous agent is unknown here: start its state fresh.
-        let prefetch = self
-            .shard(fh.0)
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(fh.0)
-            .or_default()
-            .on_read(offset, size as u64, file_size, block);
-
         let ds = self.dataset.clone();
         let metrics = self.metrics.clone();
+        let stalls = self.stalls.clone();
+        let pid = req.pid();
         let t = tree.clone();
         self.pool.spawn(move || async move {
             let obj = t.object(mount, object);
@@ -278,19 +221,12 @@ impl Filesystem for DatasetFs {
                 }
             }
             metrics.fuse_op("read", start);
+            stalls.record(pid, start.elapsed());
         });
 
-        for index in prefetch.into_iter().flatten() {
-            // Bounded: when the prefetch budget is spent, skip rather than queue.
-            let Ok(permit) = self.prefetch.clone().try_acquire_owned() else {
-                break;
-            };
-            let ds = self.dataset.clone();
-            let t = tree.clone();
-            self.pool.spawn(move || async move {
-                let _ = ds.read_block(mount, t.object(mount, object), index).await;
-                drop(permit);
-            });
+        // A handle opened by a previous agent is unknown there: its state starts fresh.
+        if let Some(p) = &self.prefetch {
+            p.on_read(&tree, ino.0, fh.0, offset, size as u64);
         }
     }
 
@@ -304,10 +240,9 @@ impl Filesystem for DatasetFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.shard(fh.0)
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&fh.0);
+        if let Some(p) = &self.prefetch {
+            p.on_release(fh.0);
+        }
         reply.ok();
     }
 

@@ -295,6 +295,19 @@ impl Tree {
         })
     }
 
+    /// The parent of `ino` and the index of `ino` among its children (name order).
+    pub fn position(&self, ino: u64) -> Option<(u64, usize)> {
+        let n = self.node(ino)?;
+        let parent = n.parent as u64;
+        let p = self.node(parent).filter(|p| p.kind == KIND_DIR)?;
+        let kids = &self.children[p.a as usize..(p.a + p.b) as usize];
+        let name = self.name_of(n);
+        let i = kids
+            .binary_search_by(|&k| self.name_of(&self.nodes[k as usize - 1]).cmp(name))
+            .ok()?;
+        (kids[i] as u64 == ino).then_some((parent, i))
+    }
+
     /// The entry at `path` (`/`-separated, relative to the dataset root).
     pub fn resolve(&self, path: &str) -> Option<Entry> {
         let mut cur = self.get(ROOT_INO)?;

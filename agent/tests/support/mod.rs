@@ -368,11 +368,43 @@ pub fn encode_key(key: &str) -> String {
 
 /// A TCP proxy in front of an endpoint that can be told to stop forwarding responses after
 /// a number of bytes, keeping the connections open: a store that stops answering mid-read.
+/// It can also limit response bandwidth (all connections together, like one slow link).
 pub struct StallProxy {
     port: u16,
     /// Response bytes (all connections) still allowed through; `u64::MAX` = no limit.
     allowance: Arc<AtomicU64>,
+    /// Response bytes per second over all connections; 0 = no limit.
+    rate: Arc<Pacer>,
     task: tokio::task::JoinHandle<()>,
+}
+
+/// Paces response bytes to a rate shared by every connection: each chunk books the link
+/// for `len / rate` seconds after the chunks booked before it.
+#[derive(Default)]
+struct Pacer {
+    rate: AtomicU64,
+    free_at: std::sync::Mutex<Option<tokio::time::Instant>>,
+}
+
+impl Pacer {
+    async fn pace(&self, len: usize) {
+        let rate = self.rate.load(Ordering::Relaxed);
+        if rate == 0 {
+            return;
+        }
+        let done = {
+            let mut free_at = self.free_at.lock().unwrap();
+            let now = tokio::time::Instant::now();
+            // Timers wake late by up to a millisecond or so: let the link catch up on
+            // that much, so the rate holds at its nominal value.
+            let floor = now - Duration::from_millis(20);
+            let start = free_at.map_or(now, |t| t.max(floor));
+            let done = start + Duration::from_secs_f64(len as f64 / rate as f64);
+            *free_at = Some(done);
+            done
+        };
+        tokio::time::sleep_until(done).await;
+    }
 }
 
 impl StallProxy {
@@ -382,9 +414,12 @@ impl StallProxy {
         let port = listener.local_addr().unwrap().port();
         let allowance = Arc::new(AtomicU64::new(u64::MAX));
         let allow = allowance.clone();
+        let rate = Arc::new(Pacer::default());
+        let pacer = rate.clone();
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let allow = allow.clone();
+                let pacer = pacer.clone();
                 tokio::spawn(async move {
                     let Ok(upstream) = tokio::net::TcpStream::connect(target).await else {
                         return;
@@ -394,7 +429,7 @@ impl StallProxy {
                     let up = tokio::spawn(async move {
                         let _ = tokio::io::copy(&mut cr, &mut uw).await;
                     });
-                    forward_with_allowance(&mut ur, &mut cw, &allow).await;
+                    forward_with_allowance(&mut ur, &mut cw, &allow, &pacer).await;
                     up.abort();
                 });
             }
@@ -402,6 +437,7 @@ impl StallProxy {
         StallProxy {
             port,
             allowance,
+            rate,
             task,
         }
     }
@@ -415,6 +451,11 @@ impl StallProxy {
     pub fn stall_after(&self, bytes: u64) {
         self.allowance.store(bytes, Ordering::SeqCst);
     }
+
+    /// Limits responses to `bytes_per_sec` over all connections together (0: no limit).
+    pub fn limit_rate(&self, bytes_per_sec: u64) {
+        self.rate.rate.store(bytes_per_sec, Ordering::SeqCst);
+    }
 }
 
 impl Drop for StallProxy {
@@ -427,6 +468,7 @@ async fn forward_with_allowance(
     from: &mut tokio::net::tcp::OwnedReadHalf,
     to: &mut tokio::net::tcp::OwnedWriteHalf,
     allowance: &AtomicU64,
+    pacer: &Pacer,
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut buf = vec![0u8; 16 << 10];
@@ -445,6 +487,7 @@ async fn forward_with_allowance(
             })
             .unwrap();
         let send = (allowed.min(n as u64)) as usize;
+        pacer.pace(send).await;
         if to.write_all(&buf[..send]).await.is_err() {
             return;
         }

@@ -1,0 +1,662 @@
+//! The prefetcher: fed by the FUSE access stream of one dataset (opens and reads), it
+//! fetches ahead of readers into the cache. It recognises three patterns:
+//!
+//! - **Sequential reads within a file** ([`Readahead`], per open file): a window of blocks
+//!   ahead of the reader that doubles on each sequential read (up to `maxWindow`), halves
+//!   on a seek (the blocks fetched ahead of a seeking reader were wasted), and stays put
+//!   when the kernel's parallel requests arrive slightly out of order.
+//! - **Directory scans** ([`DirScan`], per directory): a reader opening files of one
+//!   directory in listing order (each file after the previous one, a stride of a few
+//!   allowed, as DataLoader workers splitting a listing do) gets the next files of that
+//!   directory fetched ahead, small files whole, large ones their first blocks; the depth
+//!   doubles with the run, up to `dirFiles`.
+//! - **Repeated epochs** ([`EpochTracker`], per dataset): once the readers opened (nearly,
+//!   90%) every file of the dataset, that pass's order of first opens is remembered. When
+//!   the next pass starts, if it follows the remembered order, the next `epochFiles` files
+//!   in that order are fetched ahead of the reader; if the order is shuffled, the files
+//!   the pass has not opened yet are fetched in the remembered order in the background,
+//!   as far as the prefetch budget allows, skipping what is cached.
+//!
+//! Every fetch takes a slot of the node's [`Limiter`] (never waits: a full budget skips the
+//! prefetch), runs on the read pool, never blocks a read and joins a reader's fetch of the
+//! same block (single-flight). Speculative prefetch (directory and epoch) only runs while
+//! the dataset's cache has room for it, so it never evicts what a job is about to read; no
+//! prefetch at all goes to an epoch partition at its quota, which would not admit it.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use sluice::config::PrefetchConfig;
+use sluice::dataset::Dataset;
+use sluice_cache_engine::{Cache, Key, Policy};
+
+use super::{ControlMetrics, Limiter};
+use crate::fuse::pool::ReadPool;
+use crate::meta::{Entry, EntryKind, Tree};
+
+/// Reads within this distance of the expected offset are the same sequential stream (the
+/// kernel sends a reader's requests in parallel; they can arrive out of order).
+const SLACK: u64 = 2 << 20;
+/// Prefetched blocks tracked for hits and waste.
+const TRACKED: usize = 8192;
+/// A tracked block not read within this long was wasted.
+const TRACK_TTL: Duration = Duration::from_secs(120);
+/// Open files of one directory at most this far apart in the listing are a scan.
+const DIR_STRIDE: usize = 4;
+/// Directories whose scan state is kept.
+const DIRS: usize = 4096;
+/// Blocks of a large file fetched by a directory scan.
+const DIR_FILE_BLOCKS: u64 = 2;
+/// Share of a dataset's files opened for a pass to count as complete.
+const EPOCH_COMPLETE: f64 = 0.9;
+
+/// Readahead of one open file.
+#[derive(Debug, Clone, Copy)]
+pub struct Readahead {
+    next: u64,
+    window: u64,
+    ahead_until: u64,
+    max: u64,
+}
+
+impl Readahead {
+    pub fn new(max_window: u64) -> Readahead {
+        Readahead {
+            next: 0,
+            window: 0,
+            ahead_until: 0,
+            max: max_window.max(1),
+        }
+    }
+
+    /// The window now, in blocks.
+    #[cfg(test)]
+    pub fn window(&self) -> u64 {
+        self.window
+    }
+
+    /// Updates the state for a read of `size` at `offset` and returns the blocks to fetch.
+    pub fn on_read(
+        &mut self,
+        offset: u64,
+        size: u64,
+        file_size: u64,
+        block: u64,
+    ) -> Option<Range<u64>> {
+        let end = offset + size;
+        if offset == self.next {
+            self.window = (self.window * 2).clamp(1, self.max);
+        } else if offset.abs_diff(self.next) > SLACK {
+            // A seek: what was fetched ahead of the old position is likely wasted.
+            self.window /= 2;
+            self.ahead_until = 0;
+            self.next = end;
+            return None;
+        }
+        self.next = self.next.max(end);
+        if self.window == 0 || file_size <= block {
+            return None;
+        }
+        let blocks = file_size.div_ceil(block);
+        let current = (end.saturating_sub(1) / block).min(blocks - 1);
+        let from = (current + 1).max(self.ahead_until);
+        let to = (current + 1 + self.window).min(blocks);
+        (from < to).then(|| {
+            self.ahead_until = to;
+            from..to
+        })
+    }
+}
+
+/// Scan state of one directory.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DirScan {
+    last: usize,
+    run: u32,
+    ahead_until: usize,
+}
+
+impl DirScan {
+    /// The child at position `pos` of a directory of `len` children was opened: the
+    /// positions to fetch ahead, up to `max` files.
+    pub fn on_open(&mut self, pos: usize, len: usize, max: usize) -> Range<usize> {
+        if pos > self.last && pos - self.last <= DIR_STRIDE {
+            self.run += 1;
+        } else if pos != self.last || self.run == 0 {
+            self.run = 0;
+            self.ahead_until = 0;
+        }
+        self.last = pos;
+        if self.run == 0 || max == 0 {
+            return 0..0;
+        }
+        let depth = (1usize << self.run.min(16)).min(max);
+        let from = (pos + 1).max(self.ahead_until);
+        let to = (pos + 1 + depth).min(len);
+        if from >= to {
+            return 0..0;
+        }
+        self.ahead_until = to;
+        from..to
+    }
+}
+
+/// What the epoch tracker wants fetched after an open.
+#[derive(Debug, PartialEq, Eq)]
+pub enum EpochAction {
+    Nothing,
+    /// The pass follows the remembered order: these files (inodes) come next.
+    Ahead(Vec<u64>),
+    /// A shuffled pass: fetch files not opened yet in the background.
+    Background,
+}
+
+/// Recognises passes over a dataset's file set.
+#[derive(Debug, Default)]
+pub struct EpochTracker {
+    /// Files opened in the current pass, and their order of first opens.
+    seen: HashSet<u64>,
+    order: Vec<u64>,
+    /// The last complete pass: its order and each file's place in it.
+    known: Vec<u64>,
+    place: HashMap<u64, usize>,
+    /// Completed passes.
+    pub passes: u32,
+    /// Opens of the current pass that followed the remembered order.
+    in_order: usize,
+    /// Where the background walk of a shuffled pass is in `known`.
+    cursor: usize,
+}
+
+impl EpochTracker {
+    /// A file was opened; `files` is the dataset's file count. `ahead` files at most.
+    pub fn on_open(&mut self, ino: u64, files: usize, ahead: usize) -> EpochAction {
+        let complete = self.seen.len() >= files
+            || (self.seen.contains(&ino)
+                && self.seen.len() as f64 >= EPOCH_COMPLETE * files as f64);
+        if complete && !self.seen.is_empty() {
+            self.known = std::mem::take(&mut self.order);
+            self.place = self
+                .known
+                .iter()
+                .enumerate()
+                .map(|(i, &f)| (f, i))
+                .collect();
+            self.seen.clear();
+            self.passes += 1;
+            self.in_order = 0;
+            self.cursor = 0;
+            tracing::info!(
+                files = self.known.len(),
+                passes = self.passes,
+                "prefetch: a pass over the dataset's files is complete; the next one is prefetched"
+            );
+        }
+        if !self.seen.insert(ino) {
+            return EpochAction::Nothing;
+        }
+        self.order.push(ino);
+        if self.known.is_empty() {
+            return EpochAction::Nothing;
+        }
+        // Following the remembered order: this file comes right after the previous one.
+        let i = self.order.len() - 1;
+        let follows = match (self.place.get(&ino), i.checked_sub(1)) {
+            (Some(&p), None) => p < 4,
+            (Some(&p), Some(prev)) => self
+                .place
+                .get(&self.order[prev])
+                .is_some_and(|&q| p > q && p - q <= DIR_STRIDE),
+            (None, _) => false,
+        };
+        if follows {
+            self.in_order += 1;
+        }
+        if self.in_order * 2 >= self.order.len() && self.in_order >= 2 {
+            let p = self.place[&ino];
+            let next = self.known[p + 1..].iter().take(ahead).copied().collect();
+            EpochAction::Ahead(next)
+        } else if self.order.len() >= 4 {
+            EpochAction::Background
+        } else {
+            EpochAction::Nothing
+        }
+    }
+
+    /// The next files of the remembered set this pass has not opened, from the background
+    /// walk's cursor; advances the cursor past the ones returned.
+    pub fn background(&mut self, n: usize) -> Vec<u64> {
+        let mut out = Vec::new();
+        while out.len() < n && self.cursor < self.known.len() {
+            let f = self.known[self.cursor];
+            self.cursor += 1;
+            if !self.seen.contains(&f) {
+                out.push(f);
+            }
+        }
+        out
+    }
+
+    /// Puts the cursor back by `n` files not fetched after all (budget spent).
+    pub fn rewind(&mut self, n: usize) {
+        self.cursor = self.cursor.saturating_sub(n);
+    }
+}
+
+/// Prefetched blocks not read yet, for the hit and waste counters.
+#[derive(Debug, Default)]
+struct Tracked {
+    at: HashMap<Key, Instant>,
+    order: VecDeque<Key>,
+}
+
+/// The prefetcher of one dataset.
+pub struct Prefetcher {
+    dataset: Arc<Dataset>,
+    cache: Cache,
+    policy: Policy,
+    pool: Arc<ReadPool>,
+    limiter: Arc<Limiter>,
+    metrics: ControlMetrics,
+    config: PrefetchConfig,
+    handles: Vec<Mutex<HashMap<u64, Readahead>>>,
+    dirs: Mutex<HashMap<u64, DirScan>>,
+    epoch: Mutex<(usize, usize, EpochTracker)>,
+    tracked: Mutex<Tracked>,
+}
+
+const SHARDS: usize = 32;
+
+impl std::fmt::Debug for Prefetcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Prefetcher")
+            .field("dataset", &self.dataset.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Prefetcher {
+    pub fn new(
+        dataset: Arc<Dataset>,
+        cache: Cache,
+        policy: Policy,
+        pool: Arc<ReadPool>,
+        limiter: Arc<Limiter>,
+        metrics: ControlMetrics,
+        config: PrefetchConfig,
+    ) -> Prefetcher {
+        Prefetcher {
+            dataset,
+            cache,
+            policy,
+            pool,
+            limiter,
+            metrics,
+            config,
+            handles: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            dirs: Mutex::new(HashMap::new()),
+            epoch: Mutex::new((0, 0, EpochTracker::default())),
+            tracked: Mutex::new(Tracked::default()),
+        }
+    }
+
+    fn shard(&self, fh: u64) -> std::sync::MutexGuard<'_, HashMap<u64, Readahead>> {
+        self.handles[fh as usize % SHARDS]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A file was opened as handle `fh`: directory-scan and epoch detection.
+    pub fn on_open(&self, tree: &Arc<Tree>, ino: u64, fh: u64) {
+        self.shard(fh)
+            .insert(fh, Readahead::new(self.config.max_window));
+        if let Some((parent, pos)) = tree.position(ino) {
+            let len = tree
+                .get(parent)
+                .map_or(0, |_| tree.children(parent).count());
+            let ahead = {
+                let mut dirs = self.dirs.lock().unwrap_or_else(|e| e.into_inner());
+                if dirs.len() >= DIRS && !dirs.contains_key(&parent) {
+                    dirs.clear();
+                }
+                dirs.entry(parent)
+                    .or_default()
+                    .on_open(pos, len, self.config.dir_files)
+            };
+            if !ahead.is_empty() {
+                let files: Vec<Entry> = tree
+                    .children_from(parent, ahead.start)
+                    .take(ahead.len())
+                    .map(|(_, e)| e)
+                    .collect();
+                self.fetch_files(tree, &files, "dir", DIR_FILE_BLOCKS);
+            }
+        }
+        if self.config.epoch {
+            self.epoch_open(tree, ino);
+        }
+    }
+
+    fn epoch_open(&self, tree: &Arc<Tree>, ino: u64) {
+        let mut guard = self.epoch.lock().unwrap_or_else(|e| e.into_inner());
+        let (tree_id, files, tracker) = &mut *guard;
+        // A refreshed listing is a new file set: start over.
+        let id = Arc::as_ptr(tree) as usize;
+        if *tree_id != id {
+            *tree_id = id;
+            *files = tree.totals().0 as usize;
+            *tracker = EpochTracker::default();
+        }
+        match tracker.on_open(ino, *files, self.config.epoch_files) {
+            EpochAction::Nothing => {}
+            EpochAction::Ahead(inos) => {
+                drop(guard);
+                let files: Vec<Entry> = inos.iter().filter_map(|&i| tree.get(i)).collect();
+                self.fetch_files(tree, &files, "epoch", u64::MAX);
+            }
+            EpochAction::Background => {
+                // As many files as there are free slots; those that do not get one wait
+                // for a later open.
+                let free = self
+                    .limiter
+                    .limit()
+                    .saturating_sub(self.limiter.in_flight());
+                let inos = tracker.background(free);
+                drop(guard);
+                let files: Vec<Entry> = inos.iter().filter_map(|&i| tree.get(i)).collect();
+                let done = self.fetch_files(tree, &files, "epoch", u64::MAX);
+                if done < inos.len() {
+                    let mut guard = self.epoch.lock().unwrap_or_else(|e| e.into_inner());
+                    guard.2.rewind(inos.len() - done);
+                }
+            }
+        }
+    }
+
+    /// A read of `size` at `offset` of `ino` through handle `fh`: counts prefetch hits and
+    /// moves the readahead window.
+    pub fn on_read(&self, tree: &Arc<Tree>, ino: u64, fh: u64, offset: u64, size: u64) {
+        let Some(Entry {
+            kind: EntryKind::File { mount, object },
+            size: file_size,
+            ..
+        }) = tree.get(ino)
+        else {
+            return;
+        };
+        let block = self.dataset.block_size;
+        if offset < file_size {
+            let obj = tree.object(mount, object);
+            let last = (offset + size).min(file_size).saturating_sub(1) / block;
+            let mut t = self.tracked.lock().unwrap_or_else(|e| e.into_inner());
+            if !t.at.is_empty() {
+                for index in offset / block..=last {
+                    if t.at
+                        .remove(&self.dataset.block_key(mount, obj, index))
+                        .is_some()
+                    {
+                        self.metrics.prefetch_hits.inc();
+                    }
+                }
+            }
+        }
+        let ahead = self
+            .shard(fh)
+            .entry(fh)
+            .or_insert_with(|| Readahead::new(self.config.max_window))
+            .on_read(offset, size, file_size, block);
+        if let Some(blocks) = ahead {
+            if self.at_quota(block) {
+                self.metrics.skipped("quota");
+                return;
+            }
+            for index in blocks {
+                if self.fetch_block(tree, mount, object, index, "readahead") == Fetch::Full {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Handle `fh` was closed.
+    pub fn on_release(&self, fh: u64) {
+        self.shard(fh).remove(&fh);
+    }
+
+    /// An epoch partition that cannot admit `bytes` more.
+    fn at_quota(&self, bytes: u64) -> bool {
+        if self.policy != Policy::Epoch {
+            return false;
+        }
+        let s = self.dataset.cache.stats();
+        s.quota.is_some_and(|q| s.bytes + bytes > q)
+    }
+
+    /// Whether `bytes` more fit without evicting anything of this dataset or the node's.
+    fn has_room(&self, bytes: u64) -> bool {
+        let s = self.dataset.cache.stats();
+        if let Some(q) = s.quota {
+            return s.bytes + bytes <= q;
+        }
+        let c = self.cache.stats();
+        if c.disks.is_empty() {
+            c.memory.bytes + bytes <= c.memory.capacity
+        } else {
+            // Below the disks' eviction watermark (0.85 of capacity by default).
+            let (used, cap) = c
+                .disks
+                .iter()
+                .fold((0, 0), |(u, k), (_, t)| (u + t.bytes, k + t.capacity));
+            used + bytes <= cap / 100 * 85
+        }
+    }
+
+    /// Fetches the first `max_blocks` blocks of each file; returns how many files got all
+    /// their fetches (a full budget or a full cache stops early).
+    fn fetch_files(&self, tree: &Arc<Tree>, files: &[Entry], kind: &str, max_blocks: u64) -> usize {
+        let block = self.dataset.block_size;
+        let mut done = 0;
+        for e in files {
+            let EntryKind::File { mount, object } = e.kind else {
+                done += 1;
+                continue;
+            };
+            let blocks = e.size.div_ceil(block).min(max_blocks);
+            let bytes = (blocks * block).min(e.size);
+            if self.at_quota(bytes) {
+                self.metrics.skipped("quota");
+                return done;
+            }
+            if !self.has_room(bytes) {
+                self.metrics.skipped("room");
+                return done;
+            }
+            for index in 0..blocks {
+                if self.fetch_block(tree, mount, object, index, kind) == Fetch::Full {
+                    return done;
+                }
+            }
+            done += 1;
+        }
+        done
+    }
+
+    /// Fetches one block into the cache in the background unless it is cached.
+    fn fetch_block(
+        &self,
+        tree: &Arc<Tree>,
+        mount: usize,
+        object: usize,
+        index: u64,
+        kind: &str,
+    ) -> Fetch {
+        let obj = tree.object(mount, object);
+        let key = self.dataset.block_key(mount, obj, index);
+        if self.dataset.cache.contains(&key) {
+            return Fetch::Cached;
+        }
+        let Some(permit) = self.limiter.try_acquire() else {
+            self.metrics.skipped("full");
+            return Fetch::Full;
+        };
+        self.track(key);
+        self.metrics.prefetched(kind);
+        let ds = self.dataset.clone();
+        let tree = tree.clone();
+        self.pool.spawn(move || async move {
+            let _ = ds
+                .read_block(mount, tree.object(mount, object), index)
+                .await;
+            drop(permit);
+        });
+        Fetch::Started
+    }
+
+    fn track(&self, key: Key) {
+        let mut t = self.tracked.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        // Forget the oldest: read ones are gone from `at` already, the rest were wasted.
+        while let Some(old) = t.order.front().copied() {
+            let expired = match t.at.get(&old) {
+                Some(at) => t.order.len() >= TRACKED || now.duration_since(*at) > TRACK_TTL,
+                None => true,
+            };
+            if !expired {
+                break;
+            }
+            t.order.pop_front();
+            if t.at.remove(&old).is_some() {
+                self.metrics.prefetch_wasted.inc();
+            }
+        }
+        if t.at.insert(key, now).is_none() {
+            t.order.push_back(key);
+        }
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Fetch {
+    Cached,
+    Started,
+    Full,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const B: u64 = 4 << 20;
+
+    #[test]
+    fn readahead_grows_on_sequential_reads_and_shrinks_on_seeks() {
+        let mut r = Readahead::new(8);
+        let file = 100 * B;
+        let chunk = 1 << 20;
+        let mut windows = vec![];
+        let mut off = 0;
+        for _ in 0..6 {
+            r.on_read(off, chunk, file, B);
+            windows.push(r.window());
+            off += chunk;
+        }
+        assert_eq!(windows, [1, 2, 4, 8, 8, 8]);
+        // A seek halves the window and fetches nothing for that read.
+        assert_eq!(r.on_read(50 * B, chunk, file, B), None);
+        assert_eq!(r.window(), 4);
+        // Sequential again: it grows back, fetching from the new position.
+        let got = r.on_read(50 * B + chunk, chunk, file, B).unwrap();
+        assert_eq!(r.window(), 8);
+        assert_eq!(got, 51..59);
+        // Seeks in a row shrink it to nothing.
+        for i in 0..5 {
+            r.on_read(i * 10 * B, chunk, file, B);
+        }
+        assert_eq!(r.window(), 0);
+    }
+
+    #[test]
+    fn readahead_tolerates_requests_out_of_order() {
+        let mut r = Readahead::new(8);
+        let chunk = 128 << 10;
+        r.on_read(0, chunk, 10 * B, B);
+        r.on_read(2 * chunk, chunk, 10 * B, B);
+        r.on_read(chunk, chunk, 10 * B, B);
+        assert_eq!(r.window(), 1, "no seek: the window was kept");
+    }
+
+    #[test]
+    fn readahead_never_passes_the_end_nor_refetches() {
+        let mut r = Readahead::new(8);
+        assert_eq!(r.on_read(0, 1 << 20, 3 * B, B), Some(1..2));
+        assert_eq!(r.on_read(1 << 20, 1 << 20, 3 * B, B), Some(2..3));
+        assert_eq!(r.on_read(2 << 20, 1 << 20, 3 * B, B), None);
+        // A one-block file has nothing ahead.
+        let mut r = Readahead::new(8);
+        assert_eq!(r.on_read(0, 1 << 20, B, B), None);
+    }
+
+    #[test]
+    fn dir_scan_detects_listing_order_and_deepens() {
+        let mut d = DirScan::default();
+        assert_eq!(d.on_open(0, 100, 16), 0..0);
+        assert_eq!(d.on_open(1, 100, 16), 2..4);
+        assert_eq!(d.on_open(2, 100, 16), 4..7);
+        assert_eq!(d.on_open(3, 100, 16), 7..12);
+        assert_eq!(d.on_open(4, 100, 16), 12..21);
+        assert_eq!(d.on_open(5, 100, 16), 21..22);
+        // A stride (workers splitting the listing) still counts.
+        assert_eq!(d.on_open(8, 100, 16), 22..25);
+        // Random opens stop it.
+        assert_eq!(d.on_open(70, 100, 16), 0..0);
+        assert_eq!(d.on_open(12, 100, 16), 0..0);
+        // The end of the directory bounds it.
+        let mut d = DirScan::default();
+        d.on_open(97, 100, 16);
+        assert_eq!(d.on_open(98, 100, 16), 99..100);
+        assert_eq!(d.on_open(99, 100, 16), 0..0);
+    }
+
+    #[test]
+    fn epoch_in_the_same_order_fetches_ahead() {
+        let mut e = EpochTracker::default();
+        for f in 1..=10 {
+            assert_eq!(e.on_open(f, 10, 3), EpochAction::Nothing);
+        }
+        assert_eq!(e.passes, 0);
+        // The second pass starts: the first pass is now known.
+        assert_eq!(e.on_open(1, 10, 3), EpochAction::Nothing);
+        assert_eq!(e.passes, 1);
+        assert_eq!(e.on_open(2, 10, 3), EpochAction::Ahead(vec![3, 4, 5]));
+        assert_eq!(e.on_open(3, 10, 3), EpochAction::Ahead(vec![4, 5, 6]));
+        assert_eq!(e.on_open(3, 10, 3), EpochAction::Nothing, "a reopen");
+    }
+
+    #[test]
+    fn shuffled_epoch_fetches_unopened_files_in_the_background() {
+        let mut e = EpochTracker::default();
+        for f in 1..=10 {
+            e.on_open(f, 10, 3);
+        }
+        let shuffled = [7, 2, 9, 4, 1];
+        let actions: Vec<_> = shuffled.iter().map(|&f| e.on_open(f, 10, 3)).collect();
+        assert_eq!(actions[4], EpochAction::Background);
+        assert_eq!(e.passes, 1);
+        assert_eq!(e.background(3), vec![3, 5, 6]);
+        e.rewind(1);
+        assert_eq!(e.background(10), vec![6, 8, 10]);
+        assert_eq!(e.background(10), Vec::<u64>::new());
+    }
+
+    #[test]
+    fn a_mostly_complete_pass_counts() {
+        let mut e = EpochTracker::default();
+        for f in 1..=95 {
+            e.on_open(f, 100, 3);
+        }
+        e.on_open(1, 100, 3);
+        assert_eq!(e.passes, 1, "95% of the files then a reopen: a new pass");
+    }
+}
