@@ -217,3 +217,28 @@ fn a_file_with_only_datasets_gets_agent_defaults() {
     assert_eq!(c.datasets.len(), 2);
     assert_eq!(c.agent.block_size, ByteSize(4 << 20));
 }
+
+#[test]
+fn prefetch_and_autoscale_sections_parse_and_are_checked() {
+    let c = Config::parse("agent:\n  cache: { memory: 1GiB }\n").unwrap();
+    assert!(c.agent.prefetch.enabled && c.agent.autoscale.enabled);
+    assert_eq!(c.agent.prefetch.concurrency, 16);
+    assert_eq!(c.agent.autoscale.max_memory_for(1 << 30), 2 << 30);
+    let c = Config::parse(
+        "agent:\n  prefetch: { enabled: false, maxWindow: 4 }\n  autoscale: { maxPrefetch: 32, maxMemory: 4GiB, factor: 0.7 }\n",
+    )
+    .unwrap();
+    assert!(!c.agent.prefetch.enabled);
+    assert_eq!(c.agent.prefetch.max_window, 4);
+    assert_eq!(c.agent.autoscale.max_prefetch, 32);
+    assert_eq!(c.agent.autoscale.max_memory, Some(ByteSize(4 << 30)));
+    let e = err("agent:\n  autoscale: { factor: 1.5 }\n");
+    assert!(e.contains("agent.autoscale.factor") && e.contains("(0, 1)"), "{e}");
+    assert!(e.contains("line 2:"), "{e}");
+    let e = err("agent:\n  cache: { memory: 2GiB }\n  autoscale: { maxMemory: 1GiB }\n");
+    assert!(e.contains("agent.autoscale.maxMemory"), "{e}");
+    let e = err("agent:\n  prefetch: { concurrency: 100 }\n");
+    assert!(e.contains("maxPrefetch"), "{e}");
+    let e = err("agent:\n  prefetch: { windw: 3 }\n");
+    assert!(e.contains("windw"), "{e}");
+}
