@@ -49,6 +49,8 @@ const DIR_STRIDE: usize = 4;
 const DIRS: usize = 4096;
 /// Blocks of a large file fetched by a directory scan.
 const DIR_FILE_BLOCKS: u64 = 2;
+/// Files of the known set the background walk looks at per open.
+const BACKGROUND_SCAN: usize = 4096;
 /// Share of a dataset's files opened for a pass to count as complete.
 const EPOCH_COMPLETE: f64 = 0.9;
 
@@ -225,23 +227,26 @@ impl EpochTracker {
         }
     }
 
-    /// The next files of the remembered set this pass has not opened, from the background
-    /// walk's cursor; advances the cursor past the ones returned.
-    pub fn background(&mut self, n: usize) -> Vec<u64> {
+    /// The next files of the remembered set this pass has not opened and `cached` says
+    /// are not cached, from the background walk's cursor; advances the cursor past them.
+    /// Looks at most at `BACKGROUND_SCAN` files per call. Returns (place, inode) pairs.
+    pub fn background(&mut self, n: usize, cached: impl Fn(u64) -> bool) -> Vec<(usize, u64)> {
         let mut out = Vec::new();
-        while out.len() < n && self.cursor < self.known.len() {
+        let stop = (self.cursor + BACKGROUND_SCAN).min(self.known.len());
+        while out.len() < n && self.cursor < stop {
             let f = self.known[self.cursor];
-            self.cursor += 1;
-            if !self.seen.contains(&f) {
-                out.push(f);
+            if !self.seen.contains(&f) && !cached(f) {
+                out.push((self.cursor, f));
             }
+            self.cursor += 1;
         }
         out
     }
 
-    /// Puts the cursor back by `n` files not fetched after all (budget spent).
-    pub fn rewind(&mut self, n: usize) {
-        self.cursor = self.cursor.saturating_sub(n);
+    /// Puts the cursor back to `place` (a file [`background`](Self::background) returned
+    /// that was not fetched after all: the budget was spent).
+    pub fn rewind_to(&mut self, place: usize) {
+        self.cursor = self.cursor.min(place);
     }
 }
 
@@ -363,13 +368,13 @@ impl Prefetcher {
                     .limiter
                     .limit()
                     .saturating_sub(self.limiter.in_flight());
-                let inos = tracker.background(free);
+                let batch = tracker.background(free, |f| self.file_cached(tree, f));
                 drop(guard);
-                let files: Vec<Entry> = inos.iter().filter_map(|&i| tree.get(i)).collect();
+                let files: Vec<Entry> = batch.iter().filter_map(|&(_, i)| tree.get(i)).collect();
                 let done = self.fetch_files(tree, &files, "epoch", u64::MAX);
-                if done < inos.len() {
+                if let Some(&(place, _)) = batch.get(done) {
                     let mut guard = self.epoch.lock().unwrap_or_else(|e| e.into_inner());
-                    guard.2.rewind(inos.len() - done);
+                    guard.2.rewind_to(place);
                 }
             }
         }
@@ -423,6 +428,25 @@ impl Prefetcher {
     /// Handle `fh` was closed.
     pub fn on_release(&self, fh: u64) {
         self.shard(fh).remove(&fh);
+    }
+
+    /// Whether file `ino`'s first and last blocks are cached (a cheap "all of it").
+    fn file_cached(&self, tree: &Tree, ino: u64) -> bool {
+        let Some(Entry {
+            kind: EntryKind::File { mount, object },
+            size,
+            ..
+        }) = tree.get(ino)
+        else {
+            return true;
+        };
+        let obj = tree.object(mount, object);
+        let last = size.div_ceil(self.dataset.block_size).saturating_sub(1);
+        [0, last].iter().all(|&i| {
+            self.dataset
+                .cache
+                .contains(&self.dataset.block_key(mount, obj, i))
+        })
     }
 
     /// An epoch partition that cannot admit `bytes` more.
@@ -644,10 +668,245 @@ mod tests {
         let actions: Vec<_> = shuffled.iter().map(|&f| e.on_open(f, 10, 3)).collect();
         assert_eq!(actions[4], EpochAction::Background);
         assert_eq!(e.passes, 1);
-        assert_eq!(e.background(3), vec![3, 5, 6]);
-        e.rewind(1);
-        assert_eq!(e.background(10), vec![6, 8, 10]);
-        assert_eq!(e.background(10), Vec::<u64>::new());
+        assert_eq!(e.background(3, |_| false), vec![(2, 3), (4, 5), (5, 6)]);
+        e.rewind_to(5);
+        assert_eq!(e.background(10, |f| f == 8), vec![(5, 6), (9, 10)]);
+        assert_eq!(e.background(10, |_| false), vec![]);
+    }
+
+    /// A real dataset over a local directory, a real memory cache and read pool.
+    mod live {
+        use super::super::*;
+        use crate::meta::MountListing;
+        use sluice::config::MountSpec;
+        use sluice_cache_engine::{CacheBuilder, PartitionConfig};
+
+        pub struct Live {
+            pub _dir: tempfile::TempDir,
+            pub dataset: Arc<Dataset>,
+            pub tree: Arc<Tree>,
+            pub prefetcher: Prefetcher,
+            pub limiter: Arc<Limiter>,
+            pub metrics: ControlMetrics,
+            /// File inodes in listing order.
+            pub files: Vec<u64>,
+        }
+
+        pub async fn live(files: usize, size: usize, partition: PartitionConfig) -> Live {
+            let dir = tempfile::tempdir().unwrap();
+            for i in 0..files {
+                std::fs::write(dir.path().join(format!("f{i:03}")), vec![i as u8; size]).unwrap();
+            }
+            let cache = CacheBuilder::new()
+                .memory_capacity(256 << 20)
+                .max_value_size(1 << 20)
+                .open()
+                .unwrap();
+            let spec = MountSpec {
+                mount_point: format!("file://{}", dir.path().display()),
+                name: String::new(),
+                options: Default::default(),
+                secret_refs: vec![],
+            };
+            let source = sluice::source::open(&spec).unwrap();
+            let objects = source.list().await.unwrap();
+            let mounts = vec![sluice::dataset::DatasetMount {
+                name: String::new(),
+                source,
+            }];
+            let policy = partition.policy;
+            let dataset = Arc::new(
+                Dataset::from_mounts("t".into(), mounts, partition, &cache, 1 << 20).unwrap(),
+            );
+            let tree = Arc::new(Tree::build(
+                vec![MountListing {
+                    name: String::new(),
+                    objects,
+                }],
+                None,
+            ));
+            let files = tree.children(1).map(|(_, e)| e.ino).collect();
+            let limiter = Limiter::new(8);
+            let metrics = ControlMetrics::default();
+            let prefetcher = Prefetcher::new(
+                dataset.clone(),
+                cache,
+                policy,
+                Arc::new(ReadPool::new(2).unwrap()),
+                limiter.clone(),
+                metrics.clone(),
+                PrefetchConfig::default(),
+            );
+            Live {
+                _dir: dir,
+                dataset,
+                tree,
+                prefetcher,
+                limiter,
+                metrics,
+                files,
+            }
+        }
+
+        impl Live {
+            pub fn cached(&self, ino: u64) -> bool {
+                let Some(Entry {
+                    kind: EntryKind::File { mount, object },
+                    ..
+                }) = self.tree.get(ino)
+                else {
+                    return false;
+                };
+                let obj = self.tree.object(mount, object);
+                self.dataset
+                    .cache
+                    .contains(&self.dataset.block_key(mount, obj, 0))
+            }
+
+            /// Opens and reads `ino` whole, as a reader through FUSE would.
+            pub async fn read(&self, ino: u64, fh: u64) {
+                self.prefetcher.on_open(&self.tree, ino, fh);
+                let e = self.tree.get(ino).unwrap();
+                let EntryKind::File { mount, object } = e.kind else {
+                    panic!()
+                };
+                self.prefetcher.on_read(&self.tree, ino, fh, 0, e.size);
+                let obj = self.tree.object(mount, object);
+                self.dataset.read(mount, obj, 0, e.size).await.unwrap();
+                self.prefetcher.on_release(fh);
+            }
+
+            pub async fn settle(&self) {
+                for _ in 0..500 {
+                    if self.limiter.in_flight() == 0 {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                panic!("prefetches still in flight");
+            }
+
+            pub async fn forget(&self, ino: u64) {
+                let e = self.tree.get(ino).unwrap();
+                let EntryKind::File { mount, object } = e.kind else {
+                    panic!()
+                };
+                let obj = self.tree.object(mount, object);
+                self.dataset
+                    .cache
+                    .remove(&self.dataset.block_key(mount, obj, 0))
+                    .await;
+            }
+
+            pub fn prefetched(&self, kind: &str) -> u64 {
+                self.metrics
+                    .prefetched_blocks
+                    .get_or_create(&vec![("kind".into(), kind.into())])
+                    .get()
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_directory_scan_prefetches_the_next_files_and_counts_hits() {
+        let l = live::live(20, 64 << 10, Default::default()).await;
+        l.read(l.files[0], 1).await;
+        l.settle().await;
+        assert!(!l.cached(l.files[1]), "one open is not a scan");
+        l.read(l.files[1], 2).await;
+        l.settle().await;
+        assert!(l.cached(l.files[2]) && l.cached(l.files[3]));
+        assert!(!l.cached(l.files[4]));
+        for (i, &f) in l.files.iter().enumerate().skip(2) {
+            l.read(f, 10 + i as u64).await;
+            l.settle().await;
+        }
+        assert_eq!(l.prefetched("dir"), 18);
+        assert_eq!(l.metrics.prefetch_hits.get(), 18);
+        assert_eq!(l.metrics.prefetch_wasted.get(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_repeated_epoch_refetches_what_the_cache_lost_ahead_of_the_reader() {
+        let l = live::live(30, 64 << 10, Default::default()).await;
+        // Pass 1, shuffled (no directory scan), fills the cache.
+        let mut order = l.files.clone();
+        order.reverse();
+        order.swap(3, 17);
+        for (i, &f) in order.iter().enumerate() {
+            l.read(f, i as u64).await;
+        }
+        l.settle().await;
+        assert_eq!(l.prefetched("epoch"), 0);
+        // The cache loses ten files (evicted under another dataset's pressure).
+        for &f in &order[10..20] {
+            l.forget(f).await;
+        }
+        // Pass 2 in the same order: the lost files come back ahead of the reader.
+        for (i, &f) in order.iter().enumerate().take(5) {
+            l.read(f, 100 + i as u64).await;
+            l.settle().await;
+        }
+        assert!(l.prefetched("epoch") >= 10, "{}", l.prefetched("epoch"));
+        for &f in &order[10..20] {
+            assert!(l.cached(f), "lost file {f} was not prefetched");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_shuffled_epoch_refetches_lost_files_in_the_background() {
+        let l = live::live(30, 64 << 10, Default::default()).await;
+        for (i, &f) in l.files.iter().rev().enumerate() {
+            l.read(f, i as u64).await;
+        }
+        l.settle().await;
+        for &f in &l.files[0..6] {
+            l.forget(f).await;
+        }
+        // Pass 2 in another shuffled order.
+        let pass2 = [
+            l.files[20],
+            l.files[7],
+            l.files[25],
+            l.files[12],
+            l.files[29],
+        ];
+        for (i, &f) in pass2.iter().enumerate() {
+            l.read(f, 100 + i as u64).await;
+            l.settle().await;
+        }
+        for &f in &l.files[0..6] {
+            assert!(l.cached(f), "lost file {f} was not prefetched");
+        }
+        assert_eq!(l.prefetched("epoch"), 6);
+    }
+
+    #[tokio::test]
+    async fn nothing_is_prefetched_into_an_epoch_partition_at_its_quota() {
+        use sluice_cache_engine::PartitionConfig;
+        let l = live::live(
+            20,
+            64 << 10,
+            PartitionConfig {
+                policy: Policy::Epoch,
+                quota: Some(5 * (64 << 10)),
+            },
+        )
+        .await;
+        for (i, &f) in l.files.iter().enumerate() {
+            l.read(f, i as u64).await;
+            l.settle().await;
+        }
+        // Files 2..4 were prefetched by the scan until the quota was reached.
+        let prefetched = l.prefetched("dir");
+        assert!(prefetched <= 5, "{prefetched}");
+        assert!(
+            l.metrics
+                .prefetch_skipped
+                .get_or_create(&vec![("reason".into(), "quota".into())])
+                .get()
+                > 0
+        );
     }
 
     #[test]
