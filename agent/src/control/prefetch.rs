@@ -318,9 +318,7 @@ impl Prefetcher {
         self.shard(fh)
             .insert(fh, Readahead::new(self.config.max_window));
         if let Some((parent, pos)) = tree.position(ino) {
-            let len = tree
-                .get(parent)
-                .map_or(0, |_| tree.children(parent).count());
+            let len = tree.child_count(parent);
             let ahead = {
                 let mut dirs = self.dirs.lock().unwrap_or_else(|e| e.into_inner());
                 if dirs.len() >= DIRS && !dirs.contains_key(&parent) {
@@ -458,29 +456,32 @@ impl Prefetcher {
         s.quota.is_some_and(|q| s.bytes + bytes > q)
     }
 
-    /// Whether `bytes` more fit without evicting anything of this dataset or the node's.
-    fn has_room(&self, bytes: u64) -> bool {
+    /// Bytes that fit without evicting anything of this dataset or the node's (below the
+    /// quota if there is one), and whether that bound is an epoch partition's quota.
+    fn room(&self) -> (u64, bool) {
         let s = self.dataset.cache.stats();
         if let Some(q) = s.quota {
-            return s.bytes + bytes <= q;
+            return (q.saturating_sub(s.bytes), self.policy == Policy::Epoch);
         }
         let c = self.cache.stats();
-        if c.disks.is_empty() {
-            c.memory.bytes + bytes <= c.memory.capacity
+        let room = if c.disks.is_empty() {
+            c.memory.capacity.saturating_sub(c.memory.bytes)
         } else {
             // Below the disks' eviction watermark (0.85 of capacity by default).
             let (used, cap) = c
                 .disks
                 .iter()
                 .fold((0, 0), |(u, k), (_, t)| (u + t.bytes, k + t.capacity));
-            used + bytes <= cap / 100 * 85
-        }
+            (cap / 100 * 85).saturating_sub(used)
+        };
+        (room, false)
     }
 
     /// Fetches the first `max_blocks` blocks of each file; returns how many files got all
     /// their fetches (a full budget or a full cache stops early).
     fn fetch_files(&self, tree: &Arc<Tree>, files: &[Entry], kind: &str, max_blocks: u64) -> usize {
         let block = self.dataset.block_size;
+        let (mut room, epoch_quota) = self.room();
         let mut done = 0;
         for e in files {
             let EntryKind::File { mount, object } = e.kind else {
@@ -489,14 +490,14 @@ impl Prefetcher {
             };
             let blocks = e.size.div_ceil(block).min(max_blocks);
             let bytes = (blocks * block).min(e.size);
-            if self.at_quota(bytes) {
-                self.metrics.skipped("quota");
+            if bytes > room {
+                // An epoch partition at its quota would not admit it; anything else would
+                // have to evict.
+                self.metrics
+                    .skipped(if epoch_quota { "quota" } else { "room" });
                 return done;
             }
-            if !self.has_room(bytes) {
-                self.metrics.skipped("room");
-                return done;
-            }
+            room -= bytes;
             for index in 0..blocks {
                 if self.fetch_block(tree, mount, object, index, kind) == Fetch::Full {
                     return done;

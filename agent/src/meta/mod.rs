@@ -295,6 +295,13 @@ impl Tree {
         })
     }
 
+    /// How many children directory `ino` has (0 for a file).
+    pub fn child_count(&self, ino: u64) -> usize {
+        self.node(ino)
+            .filter(|n| n.kind == KIND_DIR)
+            .map_or(0, |n| n.b as usize)
+    }
+
     /// The parent of `ino` and the index of `ino` among its children (name order).
     pub fn position(&self, ino: u64) -> Option<(u64, usize)> {
         let n = self.node(ino)?;
