@@ -61,6 +61,10 @@ pub struct Readahead {
     window: u64,
     ahead_until: u64,
     max: u64,
+    /// Every read so far was sequential from offset 0.
+    whole: bool,
+    /// The next file was hinted to the directory scan already.
+    hinted: bool,
 }
 
 impl Readahead {
@@ -70,7 +74,19 @@ impl Readahead {
             window: 0,
             ahead_until: 0,
             max: max_window.max(1),
+            whole: true,
+            hinted: false,
         }
+    }
+
+    /// True once, when a reader that has read a file of several blocks sequentially from
+    /// its start has its window reach the end of the file: it may go on with the next file
+    /// of the directory (a shard reader), see [`DirScan::hint`].
+    pub fn reaches_end(&mut self, file_size: u64, block: u64) -> bool {
+        let blocks = file_size.div_ceil(block);
+        let reached = self.whole && !self.hinted && blocks >= 2 && self.ahead_until >= blocks;
+        self.hinted |= reached;
+        reached
     }
 
     /// The window now, in blocks.
@@ -93,6 +109,7 @@ impl Readahead {
         } else if offset.abs_diff(self.next) > SLACK {
             // A seek: what was fetched ahead of the old position is likely wasted.
             self.window /= 2;
+            self.whole = false;
             self.ahead_until = 0;
             self.next = end;
             return None;
@@ -118,12 +135,21 @@ pub struct DirScan {
     last: usize,
     run: u32,
     ahead_until: usize,
+    /// The file fetched on a reader's hint, until the next open tells whether it was right.
+    hinted: Option<usize>,
+    /// A hint was wrong (the next open was another file): no more until a scan is seen.
+    hints_off: bool,
 }
 
 impl DirScan {
     /// The child at position `pos` of a directory of `len` children was opened: the
     /// positions to fetch ahead, up to `max` files.
     pub fn on_open(&mut self, pos: usize, len: usize, max: usize) -> Range<usize> {
+        if let Some(h) = self.hinted.take()
+            && h != pos
+        {
+            self.hints_off = true;
+        }
         if pos > self.last && pos - self.last <= DIR_STRIDE {
             self.run += 1;
         } else if pos != self.last || self.run == 0 {
@@ -134,6 +160,7 @@ impl DirScan {
         if self.run == 0 || max == 0 {
             return 0..0;
         }
+        self.hints_off = false;
         let depth = (1usize << self.run.min(16)).min(max);
         let from = (pos + 1).max(self.ahead_until);
         let to = (pos + 1 + depth).min(len);
@@ -142,6 +169,20 @@ impl DirScan {
         }
         self.ahead_until = to;
         from..to
+    }
+}
+
+impl DirScan {
+    /// A reader reached the end of the file at `pos` ([`Readahead::reaches_end`]): the
+    /// next file's position to fetch (its first block), unless a scan already fetched it,
+    /// the directory ends, or the last hint here was wrong.
+    pub fn hint(&mut self, pos: usize, len: usize) -> Option<usize> {
+        let next = pos + 1;
+        if self.hints_off || next >= len || (self.run > 0 && self.ahead_until > next) {
+            return None;
+        }
+        self.hinted = Some(next);
+        Some(next)
     }
 }
 
@@ -405,11 +446,14 @@ impl Prefetcher {
                 }
             }
         }
-        let ahead = self
-            .shard(fh)
-            .entry(fh)
-            .or_insert_with(|| Readahead::new(self.config.max_window))
-            .on_read(offset, size, file_size, block);
+        let (ahead, end) = {
+            let mut handles = self.shard(fh);
+            let r = handles
+                .entry(fh)
+                .or_insert_with(|| Readahead::new(self.config.max_window));
+            let ahead = r.on_read(offset, size, file_size, block);
+            (ahead, r.reaches_end(file_size, block))
+        };
         if let Some(blocks) = ahead {
             if self.at_quota(block) {
                 self.metrics.skipped("quota");
@@ -419,6 +463,22 @@ impl Prefetcher {
                 if self.fetch_block(tree, mount, object, index, "readahead") == Fetch::Full {
                     break;
                 }
+            }
+        }
+        if end && let Some((parent, pos)) = tree.position(ino) {
+            let next = {
+                let mut dirs = self.dirs.lock().unwrap_or_else(|e| e.into_inner());
+                dirs.entry(parent)
+                    .or_default()
+                    .hint(pos, tree.child_count(parent))
+            };
+            if let Some(next) = next {
+                let files: Vec<Entry> = tree
+                    .children_from(parent, next)
+                    .take(1)
+                    .map(|(_, e)| e)
+                    .collect();
+                self.fetch_files(tree, &files, "dir", 1);
             }
         }
     }
@@ -621,6 +681,37 @@ mod tests {
         // A one-block file has nothing ahead.
         let mut r = Readahead::new(8);
         assert_eq!(r.on_read(0, 1 << 20, B, B), None);
+    }
+
+    #[test]
+    fn a_whole_file_read_hints_the_next_file_until_a_hint_is_wrong() {
+        let mut r = Readahead::new(8);
+        let file = 3 * B;
+        let mut ends = vec![];
+        for i in 0..12 {
+            r.on_read(i << 20, 1 << 20, file, B);
+            ends.push(r.reaches_end(file, B));
+        }
+        assert_eq!(ends.iter().filter(|&&e| e).count(), 1, "once: {ends:?}");
+        assert!(ends[1], "the window covers the file after the second read");
+        let mut r = Readahead::new(8);
+        r.on_read(B, 1 << 20, file, B);
+        r.on_read(B + (1 << 20), 1 << 20, file, B);
+        assert!(!r.reaches_end(file, B), "a reader that started mid-file");
+
+        let mut d = DirScan::default();
+        d.on_open(0, 10, 16);
+        assert_eq!(d.hint(0, 10), Some(1));
+        d.on_open(1, 10, 16);
+        assert_eq!(d.hint(1, 10), None, "the scan fetched ahead already");
+        let mut d = DirScan::default();
+        d.on_open(5, 10, 16);
+        assert_eq!(d.hint(5, 10), Some(6));
+        d.on_open(2, 10, 16);
+        assert_eq!(d.hint(2, 10), None, "the last hint was wrong");
+        d.on_open(3, 10, 16);
+        d.on_open(4, 10, 16);
+        assert_eq!(d.hint(9, 10), None, "the end of the directory");
     }
 
     #[test]
