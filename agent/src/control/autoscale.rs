@@ -334,6 +334,103 @@ impl Autoscaler {
 mod tests {
     use super::*;
 
+    /// The loop's tick on real parts: a memory cache, a limiter, the stall channel.
+    #[tokio::test]
+    async fn the_loop_acts_on_stalls_errors_and_the_observer() {
+        let mut agent = AgentConfig::default();
+        agent.cache.memory = sluice::config::ByteSize(8 << 20);
+        let cache = sluice_cache_engine::CacheBuilder::new()
+            .memory_capacity(8 << 20)
+            .max_value_size(1 << 20)
+            .open()
+            .unwrap();
+        let limiter = Limiter::new(16);
+        let (tx, rx) = crate::signal::channel();
+        let fuse = Arc::new(FuseStalls::default());
+        let health = Arc::new(SourceHealth::default());
+        let metrics = ControlMetrics::default();
+        let mut a = Autoscaler::new(
+            &agent,
+            cache.clone(),
+            Some(limiter.clone()),
+            rx,
+            fuse.clone(),
+            health.clone(),
+            metrics.clone(),
+        );
+        let second = Duration::from_secs(1);
+
+        // A reader stalls 80% of the second and the budget ran out: +4 slots. The memory
+        // tier is empty, so it is not the limit and stays.
+        fuse.record(42, Duration::from_millis(800));
+        let held: Vec<_> = (0..16).map(|_| limiter.try_acquire().unwrap()).collect();
+        assert!(limiter.try_acquire().is_none());
+        a.step(second);
+        assert_eq!(limiter.limit(), 20);
+        assert_eq!(cache.stats().memory.capacity, 8 << 20);
+        drop(held);
+
+        // A stalled second with a full memory tier: it grows by a step (1 MiB here).
+        for i in 0..8u64 {
+            cache
+                .insert(
+                    sluice_cache_engine::Key::hash(&[&i.to_le_bytes()]),
+                    bytes::Bytes::from(vec![0u8; 1 << 20]),
+                )
+                .await
+                .unwrap();
+        }
+        fuse.record(42, Duration::from_millis(500));
+        a.step(second);
+        assert_eq!(cache.stats().memory.capacity, 9 << 20);
+        assert_eq!(
+            limiter.limit(),
+            20,
+            "the budget was not the limit this time"
+        );
+
+        // A source error: both cut by half, within their bounds.
+        let err: Result<(), _> = Err(sluice::source::SourceError::Other {
+            source_id: "s3".into(),
+            detail: "503 Service Unavailable: SlowDown".into(),
+        });
+        health.record(&err);
+        fuse.record(42, Duration::from_millis(900));
+        a.step(second);
+        assert_eq!(limiter.limit(), 10);
+        assert_eq!(
+            cache.stats().memory.capacity,
+            8 << 20,
+            "never below the configured size"
+        );
+        assert_eq!(health.throttled.load(Ordering::Relaxed), 1);
+
+        // The observer's tick wins over the FUSE estimate while it publishes.
+        tx.send(crate::signal::StallTick {
+            interval: second,
+            max_stall_ratio: 0.9,
+            stalled_workloads: 1,
+            from: "ebpf",
+        })
+        .unwrap();
+        let held: Vec<_> = (0..10).map(|_| limiter.try_acquire().unwrap()).collect();
+        let _ = limiter.try_acquire();
+        a.step(second);
+        assert_eq!(limiter.limit(), 14);
+        assert_eq!(metrics.stall_ratio.get(), 0.9);
+        drop(held);
+        assert_eq!(
+            metrics
+                .autoscale_decisions
+                .get_or_create(&vec![
+                    ("knob".into(), "prefetch".into()),
+                    ("direction".into(), "up".into())
+                ])
+                .get(),
+            2
+        );
+    }
+
     fn aimd() -> Aimd {
         Aimd::new(16, 2, 32, 4, 0.5, 3)
     }
