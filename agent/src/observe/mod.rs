@@ -100,6 +100,7 @@ pub async fn start(
     let task = match probes {
         Ok(probes) => {
             let unavailable = probes.unavailable().to_vec();
+            let unavailable_filemap = unavailable.iter().any(|u| u.starts_with("filemap/"));
             tracing::info!(
                 watched = by_mount.len(),
                 missing = ?unavailable,
@@ -117,6 +118,7 @@ pub async fn start(
                     episode_log_every: Duration::from_secs(config.episode_log_secs.max(1)),
                     window_ticks: (10_000 / config.tick_millis.max(1)).max(1) as usize,
                     sample_every: config.sample_every,
+                    misses_measured: !unavailable_filemap,
                     ..Default::default()
                 },
                 watches,
@@ -293,9 +295,10 @@ impl RealNamer {
                 m.as_ref().map(|d| {
                     let s = &d.dataset.served;
                     Served {
-                        memory: s.memory.load(Ordering::Relaxed),
-                        disk: s.disk.load(Ordering::Relaxed),
-                        source: s.source.load(Ordering::Relaxed),
+                        served: s.memory.load(Ordering::Relaxed)
+                            + s.disk.load(Ordering::Relaxed)
+                            + s.source.load(Ordering::Relaxed),
+                        fetched: s.fetched.load(Ordering::Relaxed),
                     }
                 })
             })

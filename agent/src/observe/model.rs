@@ -32,12 +32,14 @@ pub struct WatchInfo {
     pub source: Option<String>,
 }
 
-/// Cumulative bytes a dataset handed to FUSE readers, by origin (for the miss split).
+/// Cumulative bytes a dataset handed to FUSE readers (the kernel's page-cache misses) and
+/// bytes its sources sent, for the split of misses between Sluice's cache and the source.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Served {
-    pub memory: u64,
-    pub disk: u64,
-    pub source: u64,
+    /// Bytes answered to FUSE reads, whatever their origin.
+    pub served: u64,
+    /// Bytes fetched from the sources (whole blocks, prefetch included).
+    pub fetched: u64,
 }
 
 /// What the model asks of the outside world.
@@ -65,6 +67,8 @@ pub struct ModelConfig {
     pub gone_grace: Duration,
     /// At most this many workloads are tracked (the longest idle are dropped).
     pub max_workloads: usize,
+    /// Page-cache misses are counted (the filemap tracepoint exists on this kernel).
+    pub misses_measured: bool,
 }
 
 impl Default for ModelConfig {
@@ -76,6 +80,7 @@ impl Default for ModelConfig {
             sample_every: 16,
             gone_grace: Duration::from_secs(60),
             max_workloads: 512,
+            misses_measured: true,
         }
     }
 }
@@ -203,6 +208,9 @@ pub fn delta(cur: &CgroupReadStats, prev: Option<&CgroupReadStats>) -> CgroupRea
     }
 }
 
+/// Per watched path: (blocked ns, bytes).
+type ByMount = BTreeMap<u32, (u64, u64)>;
+
 /// A stall episode being followed.
 #[derive(Clone, Debug, Default)]
 struct Episode {
@@ -266,7 +274,7 @@ struct WorkloadState {
     identity: Identity,
     total: Acc,
     window: VecDeque<Acc>,
-    by_mount: BTreeMap<u32, (u64, u64)>,
+    by_mount: ByMount,
     waits: HashMap<(u32, u64), FileWait>,
     pids: BTreeMap<u32, String>,
     episode: Option<Episode>,
@@ -337,7 +345,7 @@ impl Model {
             if w.waits.len() > MAX_WAIT_FILES {
                 // Keep the map bounded: drop the least waited-on half.
                 let mut v: Vec<_> = w.waits.drain().collect();
-                v.sort_by(|a, b| b.1.blocked_ns.cmp(&a.1.blocked_ns));
+                v.sort_by_key(|(_, f)| std::cmp::Reverse(f.blocked_ns));
                 v.truncate(MAX_WAIT_FILES / 2);
                 w.waits = v.into_iter().collect();
             }
@@ -369,27 +377,26 @@ impl Model {
     ) -> TickOutcome {
         let wall_ns = interval.as_nanos() as u64;
         self.now_ns += wall_ns;
-        // The dataset's share of FUSE-served bytes that came from the source in this tick.
+        // The share of the dataset's page-cache misses (bytes it answered to FUSE reads)
+        // that its sources had to send in this tick: fetched / served, at most 1. Bytes are
+        // fetched in whole blocks, so counting by the origin of each FUSE request would call
+        // the rest of a block a hit although the reader waited for its fetch.
         let mut source_share: Vec<Option<f64>> = vec![None; self.watches.len()];
         for (i, s) in served.iter().enumerate().take(self.watches.len()) {
             let Some(cur) = s else { continue };
             let prev = self.prev_served[i].unwrap_or_default();
-            let d = Served {
-                memory: cur.memory.saturating_sub(prev.memory),
-                disk: cur.disk.saturating_sub(prev.disk),
-                source: cur.source.saturating_sub(prev.source),
-            };
-            let all = d.memory + d.disk + d.source;
-            source_share[i] = Some(if all == 0 {
+            let answered = cur.served.saturating_sub(prev.served);
+            let fetched = cur.fetched.saturating_sub(prev.fetched);
+            source_share[i] = Some(if answered == 0 {
                 0.0
             } else {
-                d.source as f64 / all as f64
+                (fetched as f64 / answered as f64).min(1.0)
             });
             self.prev_served[i] = Some(*cur);
         }
 
         // This tick's deltas, per workload.
-        let mut ticks: BTreeMap<WorkloadKey, (Acc, BTreeMap<u32, (u64, u64)>)> = BTreeMap::new();
+        let mut ticks: BTreeMap<WorkloadKey, (Acc, ByMount)> = BTreeMap::new();
         let mut events = 0u64;
         let mut seen = HashMap::with_capacity(stats.len());
         for cur in stats {
@@ -421,7 +428,7 @@ impl Model {
                 latency_ns: d.latency_ns + d.uring_latency_ns,
                 miss_bytes: miss,
                 source_bytes: miss as f64 * share,
-                misses_known: true,
+                misses_known: self.cfg.misses_measured,
                 hist: d.latency.buckets.clone(),
             });
             let m = by_mount.entry(cur.mount_id).or_default();
@@ -512,10 +519,10 @@ impl Model {
             );
         }
         for k in drop {
-            if let Some(w) = self.workloads.remove(&k) {
-                if w.total.calls > 0 || w.total.blocked_ns > 0 {
-                    out.dropped.push(w.identity);
-                }
+            if let Some(w) = self.workloads.remove(&k)
+                && (w.total.calls > 0 || w.total.blocked_ns > 0)
+            {
+                out.dropped.push(w.identity);
             }
             self.cgroups.retain(|_, v| *v != k);
         }
@@ -639,7 +646,7 @@ impl Model {
 fn episode_event(watches: &[WatchInfo], w: &WorkloadState, ongoing: bool) -> EpisodeEvent {
     let e = w.episode.as_ref().expect("an episode");
     let mut by: Vec<(u32, u64)> = e.by_mount.iter().map(|(m, b)| (*m, *b)).collect();
-    by.sort_by(|a, b| b.1.cmp(&a.1));
+    by.sort_by_key(|(_, b)| std::cmp::Reverse(*b));
     let datasets = by
         .iter()
         .filter_map(|(m, _)| watches.get(*m as usize).map(|x| x.name.clone()))
@@ -802,19 +809,13 @@ mod tests {
     fn hit_ratio_splits_page_cache_misses_by_the_datasets_source_share() {
         let mut m = model();
         let mut n = FakeNamer;
-        let served = |mem, src| {
-            [Some(Served {
-                memory: mem,
-                disk: 0,
-                source: src,
-            })]
-        };
+        let served = |served, fetched| [Some(Served { served, fetched })];
         m.tick(SEC, &[], &served(0, 0), &mut n);
-        // 100 pages read, 50 missed the page cache; of what FUSE served, 3/4 came from S3.
+        // 100 pages read, 50 missed the page cache; the source sent 3/4 of what FUSE served.
         m.tick(
             SEC,
             &[stats(1, 10, 100 * PAGE, 10, 50)],
-            &served(100, 300),
+            &served(400, 300),
             &mut n,
         );
         let f = &m.report(&n)[0].total;
@@ -826,11 +827,10 @@ mod tests {
     fn episodes_start_report_periodically_and_end() {
         let mut m = model();
         let mut n = FakeNamer;
-        let served = |src| {
+        let served = |n| {
             [Some(Served {
-                memory: 0,
-                disk: 0,
-                source: src,
+                served: n,
+                fetched: 2 * n,
             })]
         };
         let mut events = Vec::new();

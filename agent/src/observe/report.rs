@@ -89,10 +89,12 @@ pub struct Figures {
     /// Read latency quantiles (upper bound of the log2 bucket), milliseconds.
     pub p50_ms: f64,
     pub p99_ms: f64,
-    /// Share of the read bytes that did not come from the source while the reader waited
-    /// (page cache, or Sluice's memory/disk tiers). Page-cache misses are the kernel's count
-    /// for this workload; which of them Sluice fetched from the source is the dataset's
-    /// share over the same ticks. `None` without the filemap tracepoint or without reads.
+    /// Share of the read bytes that Sluice did not have to fetch from the source (page
+    /// cache, or Sluice's memory/disk tiers). Page-cache misses are the kernel's count for
+    /// this workload; the share of them fetched from the source is the dataset's (bytes
+    /// fetched / bytes answered to FUSE reads, over the same ticks, prefetch included), so
+    /// with several readers on one dataset it is an estimate. `None` without reads or
+    /// without the filemap tracepoint.
     pub hit_ratio: Option<f64>,
     /// Share of the read bytes the page cache had (kernel count for this workload).
     pub page_cache_hit_ratio: Option<f64>,
