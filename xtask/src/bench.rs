@@ -24,6 +24,8 @@ pub enum Which {
     Epoch,
     /// Sluice against JuiceFS, rclone, s3fs, direct S3 and local disk, over a shaped link.
     Peers,
+    /// What the eBPF stall probes cost: fio page-cache reads and a warm epoch, on vs off.
+    Probes,
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
@@ -31,5 +33,6 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         Which::Engine => crate::bench_engine::run(&args),
         Which::Epoch => crate::bench_epoch::run(&args),
         Which::Peers => crate::bench_peers::run(&args),
+        Which::Probes => crate::bench_probes::run(&args),
     }
 }

@@ -9,6 +9,7 @@ mod bench;
 mod bench_engine;
 mod bench_epoch;
 mod bench_peers;
+mod bench_probes;
 mod ebpf;
 mod netns;
 mod peers;
