@@ -32,15 +32,16 @@ pub struct ServedBytes {
     pub fetched: AtomicU64,
 }
 
-/// Blocks fetched lately that the cache did not admit (an epoch partition at its quota).
-/// The kernel reads a file in `max_read` requests, several per block: without this, each
-/// request for an uncached block would fetch the whole block again. FIFO, bounded in
-/// entries (one or two per reader in flight) and bytes.
+/// Blocks read lately that are not in the memory tier: NVMe hits, and fetched blocks the
+/// cache did not admit (an epoch partition at its quota). The kernel reads a file in
+/// requests of 128 KiB to `max_read`, several per block: without this, each request would
+/// read the whole block from NVMe again, or fetch it from the source again. FIFO, bounded
+/// in entries (one or two per reader in flight) and bytes.
 #[derive(Debug)]
 struct RecentBlocks {
     entries: usize,
     budget: u64,
-    state: Mutex<(HashMap<Key, Bytes>, VecDeque<Key>, u64)>,
+    state: Mutex<(HashMap<Key, (Bytes, Origin)>, VecDeque<Key>, u64)>,
 }
 
 impl RecentBlocks {
@@ -52,11 +53,11 @@ impl RecentBlocks {
         }
     }
 
-    fn get(&self, key: &Key) -> Option<Bytes> {
+    fn get(&self, key: &Key) -> Option<(Bytes, Origin)> {
         self.state.lock().unwrap().0.get(key).cloned()
     }
 
-    fn put(&self, key: Key, value: Bytes) {
+    fn put(&self, key: Key, value: Bytes, origin: Origin) {
         let mut guard = self.state.lock().unwrap();
         let (map, order, bytes) = &mut *guard;
         if value.len() as u64 > self.budget || map.contains_key(&key) {
@@ -64,15 +65,16 @@ impl RecentBlocks {
         }
         while *bytes + value.len() as u64 > self.budget || order.len() >= self.entries {
             let Some(old) = order.pop_front() else { break };
-            *bytes -= map.remove(&old).map_or(0, |v| v.len() as u64);
+            *bytes -= map.remove(&old).map_or(0, |v| v.0.len() as u64);
         }
         *bytes += value.len() as u64;
-        map.insert(key, value);
+        map.insert(key, (value, origin));
         order.push_back(key);
     }
 }
 
-/// How many fetched-but-not-admitted blocks a dataset keeps for the rest of their reads.
+/// How many recent blocks (NVMe hits, fetched but not admitted) a dataset keeps for the
+/// rest of their reads.
 const RECENT_BLOCKS: usize = 16;
 
 /// A dataset ready to serve.
@@ -205,8 +207,14 @@ impl Dataset {
         index: u64,
     ) -> Result<(Bytes, Origin), ReadError> {
         let key = self.block_key(mount, object, index);
-        if let Some(value) = self.recent.get(&key) {
-            return Ok((value, Origin::Fetch));
+        if let Some((value, origin)) = self.recent.get(&key) {
+            // Bytes the cache holds count as memory hits now; uncached ones stay the source's.
+            let origin = if origin == Origin::Fetch {
+                Origin::Fetch
+            } else {
+                Origin::Memory
+            };
+            return Ok((value, origin));
         }
         let range = self.block_range(object, index);
         let want = range.end - range.start;
@@ -233,8 +241,13 @@ impl Dataset {
                 want,
             });
         }
-        if lookup.origin == Origin::Fetch && !self.cache.contains(&key) {
-            self.recent.put(key, lookup.value.clone());
+        let keep = match lookup.origin {
+            Origin::Memory => false,
+            Origin::Disk => true,
+            Origin::Fetch => !self.cache.contains(&key),
+        };
+        if keep {
+            self.recent.put(key, lookup.value.clone(), lookup.origin);
         }
         Ok((lookup.value, lookup.origin))
     }
