@@ -228,15 +228,26 @@ static __always_inline int watched_read_target(__u32 tgid, __u32 fd, struct infl
 	struct file *f = fd_file(fd);
 	if (!f)
 		return 0;
-	r->dev = BPF_CORE_READ(f, f_inode, i_sb, s_dev);
-	r->ino = BPF_CORE_READ(f, f_inode, i_ino);
-	r->offset = BPF_CORE_READ(f, f_pos);
+	/* Every read on the node comes through here: decide on the device first and read
+	 * the rest only for watched files. */
+	struct inode *inode = BPF_CORE_READ(f, f_inode);
+	r->dev = BPF_CORE_READ(inode, i_sb, s_dev);
 
 	struct sluice_watched_dev *wd = bpf_map_lookup_elem(&watched_devs, &r->dev);
 	if (wd) {
 		r->mount_id = wd->mount_id;
+		r->ino = BPF_CORE_READ(inode, i_ino);
+		r->offset = BPF_CORE_READ(f, f_pos);
 		return 1;
 	}
+	/* Only prefix watches mark fds and files: without one configured (user space fills
+	 * the slots from 0), skip both lookups. */
+	__u32 zero = 0;
+	struct sluice_prefix *first = bpf_map_lookup_elem(&watched_prefixes, &zero);
+	if (!first || first->len == 0)
+		return 0;
+	r->ino = BPF_CORE_READ(inode, i_ino);
+	r->offset = BPF_CORE_READ(f, f_pos);
 	__u64 key = ((__u64)tgid << 32) | fd;
 	struct sluice_watched_fd *wf = bpf_map_lookup_elem(&watched_fds, &key);
 	if (wf && wf->dev == r->dev && wf->ino == r->ino) {
