@@ -257,8 +257,12 @@ impl EpochTracker {
         if follows {
             self.in_order += 1;
         }
-        if self.in_order * 2 >= self.order.len() && self.in_order >= 2 {
-            let p = self.place[&ino];
+        // A file the last pass did not open (it counted as complete at 90%) has no place.
+        let place = self.place.get(&ino).copied();
+        if let Some(p) = place
+            && self.in_order * 2 >= self.order.len()
+            && self.in_order >= 2
+        {
             let next = self.known[p + 1..].iter().take(ahead).copied().collect();
             EpochAction::Ahead(next)
         } else if self.order.len() >= 4 {
@@ -999,6 +1003,20 @@ mod tests {
                 .get()
                 > 0
         );
+    }
+
+    #[test]
+    fn a_file_the_last_pass_missed_is_no_trouble() {
+        let mut e = EpochTracker::default();
+        for f in 1..=95 {
+            e.on_open(f, 100, 3);
+        }
+        e.on_open(1, 100, 3);
+        e.on_open(2, 100, 3);
+        e.on_open(3, 100, 3);
+        // 99 was not in the last (95%) pass, and the pass follows the order.
+        assert_eq!(e.on_open(99, 100, 3), EpochAction::Background);
+        assert_eq!(e.on_open(4, 100, 3), EpochAction::Ahead(vec![5, 6, 7]));
     }
 
     #[test]

@@ -172,7 +172,7 @@ impl Filesystem for DatasetFs {
                 let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
                 reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE);
                 if let Some(p) = &self.prefetch {
-                    p.on_open(&self.meta.snapshot(), ino.0, fh);
+                    guard("open", || p.on_open(&self.meta.snapshot(), ino.0, fh));
                 }
             }
             Some(_) => reply.error(Errno::EISDIR),
@@ -226,7 +226,9 @@ impl Filesystem for DatasetFs {
 
         // A handle opened by a previous agent is unknown there: its state starts fresh.
         if let Some(p) = &self.prefetch {
-            p.on_read(&tree, ino.0, fh.0, offset, size as u64);
+            guard("read", || {
+                p.on_read(&tree, ino.0, fh.0, offset, size as u64)
+            });
         }
     }
 
@@ -241,7 +243,7 @@ impl Filesystem for DatasetFs {
         reply: ReplyEmpty,
     ) {
         if let Some(p) = &self.prefetch {
-            p.on_release(fh.0);
+            guard("release", || p.on_release(fh.0));
         }
         reply.ok();
     }
@@ -355,6 +357,17 @@ impl Filesystem for DatasetFs {
     }
 }
 
+/// Runs a prefetcher hook: a bug there must cost a prefetch, never a FUSE thread (a
+/// request it held would go unanswered and its reader hang).
+fn guard(what: &'static str, hook: impl FnOnce()) {
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(hook)).is_err() {
+        tracing::error!(
+            hook = what,
+            "prefetcher panicked; the request is served without it"
+        );
+    }
+}
+
 /// Why a dataset could not be mounted.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -457,6 +470,9 @@ pub fn serve(
     let session =
         Session::from_fd(fs, dev, SessionACL::All, session_config()).map_err(session_err)?;
     let session = session.spawn().map_err(session_err)?;
+    if let Err(e) = mount::set_readahead(mount_point, MAX_READ / 1024) {
+        tracing::warn!(%dataset, error = %e, "kernel readahead left at 128 KiB: sequential reads take more requests");
+    }
     tracing::info!(%dataset, path = %mount_point.display(), "mounted");
     Ok(MountedDataset {
         mount_point: mount_point.into(),
