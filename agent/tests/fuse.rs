@@ -50,6 +50,19 @@ fn every_file_reads_back_byte_exact_and_listings_match() {
             want.len()
         );
     }
+    // The kernel's readahead on the mount is raised to the largest read (1 MiB), so a
+    // sequential reader's requests are not cut to the kernel's 128 KiB default.
+    let dev = std::os::unix::fs::MetadataExt::dev(&std::fs::metadata(env.mount()).unwrap());
+    let bdi = format!(
+        "/sys/class/bdi/{}:{}/read_ahead_kb",
+        nix::sys::stat::major(dev),
+        nix::sys::stat::minor(dev)
+    );
+    assert_eq!(
+        std::fs::read_to_string(&bdi).unwrap().trim(),
+        "1024",
+        "{bdi}"
+    );
     // Reads at odd offsets across block boundaries.
     use std::os::unix::fs::FileExt;
     let f = std::fs::File::open(env.served("shards/shard-000.tar")).unwrap();

@@ -121,6 +121,22 @@ pub fn mount_fuse(path: &Path, dataset: &str, max_read: u32) -> Result<OwnedFd, 
     Ok(fd)
 }
 
+/// Raises the kernel's readahead for the FUSE mount at `path` to `kb`, so a sequential
+/// reader's requests reach `max_read` instead of the default 128 KiB: the kernel caps a
+/// new FUSE connection's readahead at that default when it answers INIT, whatever INIT
+/// asked for. Call it after INIT (any request on the mount waits for INIT).
+pub fn set_readahead(path: &Path, kb: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let dev = std::fs::metadata(path)?.dev();
+    let bdi = format!(
+        "/sys/class/bdi/{}:{}/read_ahead_kb",
+        nix::sys::stat::major(dev),
+        nix::sys::stat::minor(dev)
+    );
+    std::fs::write(&bdi, kb.to_string())
+        .map_err(|e| std::io::Error::new(e.kind(), format!("{bdi}: {e}")))
+}
+
 /// Detaches the mount at `path` (lazy: open files keep working until closed).
 pub fn unmount(path: &Path) -> std::io::Result<()> {
     nix::mount::umount2(path, MntFlags::MNT_DETACH).map_err(Into::into)
