@@ -226,15 +226,15 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     if let Some(only) = &only {
         systems.retain(|s| only.split(',').any(|k| k.trim() == s.key()));
     }
-    if quick {
+    if quick && std::env::var_os("SLUICE_BENCH_TORCH").is_none() {
         systems.retain(|s| *s != System::S3Torch);
         println!(
             "bench peers --quick: s3torchconnector is left out (it pulls PyTorch, about 5 GB); full runs include it"
         );
-    } else {
-        let v = Client::S3TorchConnector
-            .check()
-            .context("s3torchconnector is a peer of full runs")?;
+    } else if systems.contains(&System::S3Torch) {
+        let v = Client::S3TorchConnector.check().context(
+            "s3torchconnector is a peer of full runs (and of quick ones with SLUICE_BENCH_TORCH=1)",
+        )?;
         versions.push(("s3torchconnector".into(), v));
     }
     let built = if std::env::var_os("SLUICE_BENCH_NO_AGENT").is_some() {
@@ -1010,7 +1010,12 @@ impl Report {
         if s.quick {
             let _ = writeln!(
                 out,
-                "\n**These are `--quick` figures**: a small dataset on a small shared machine, a smoke test that every peer starts and every number is produced, not a result to quote: the machine's few cores are shared with other work, so the same figure moves by a third from run to run (the local-disk rows show it best). s3torchconnector is left out of quick runs (it pulls PyTorch, about 5 GB)."
+                "\n**These are `--quick` figures**: a small dataset on a small shared machine, a smoke test that every peer starts and every number is produced, not a result to quote: the machine's few cores are shared with other work, so the same figure moves by a third from run to run (the local-disk rows show it best).{}",
+                if self.systems.contains(&System::S3Torch) {
+                    " s3torchconnector was included (SLUICE_BENCH_TORCH=1)."
+                } else {
+                    " s3torchconnector is left out of quick runs (it pulls PyTorch, about 5 GB) unless SLUICE_BENCH_TORCH=1."
+                }
             );
         }
         let _ = writeln!(out, "\nSetup, the same for every system:\n");
