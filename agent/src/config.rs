@@ -903,8 +903,8 @@ pub struct AutoscaleConfig {
     pub max_prefetch: usize,
     /// Prefetch slots added per stalled tick.
     pub prefetch_step: usize,
-    /// Upper bound of the memory tier (default: twice `agent.cache.memory`); it never
-    /// goes below `agent.cache.memory`.
+    /// Upper bound of the memory tier; it never goes below `agent.cache.memory`. Unset,
+    /// it is `agent.cache.memory`: the memory tier grows only where the operator allows.
     pub max_memory: Option<ByteSize>,
     /// Memory added per stalled tick (default: an eighth of `agent.cache.memory`).
     pub memory_step: Option<ByteSize>,
@@ -976,7 +976,7 @@ impl AutoscaleConfig {
 
     /// The memory tier's upper bound for a configured memory tier of `memory` bytes.
     pub fn max_memory_for(&self, memory: u64) -> u64 {
-        self.max_memory.map_or(memory.saturating_mul(2), |m| m.0)
+        self.max_memory.map_or(memory, |m| m.0)
     }
 
     /// The memory step for a configured memory tier of `memory` bytes.

@@ -223,7 +223,11 @@ fn prefetch_and_autoscale_sections_parse_and_are_checked() {
     let c = Config::parse("agent:\n  cache: { memory: 1GiB }\n").unwrap();
     assert!(c.agent.prefetch.enabled && c.agent.autoscale.enabled);
     assert_eq!(c.agent.prefetch.concurrency, 16);
-    assert_eq!(c.agent.autoscale.max_memory_for(1 << 30), 2 << 30);
+    assert_eq!(
+        c.agent.autoscale.max_memory_for(1 << 30),
+        1 << 30,
+        "the memory tier grows only when maxMemory says so"
+    );
     let c = Config::parse(
         "agent:\n  prefetch: { enabled: false, maxWindow: 4 }\n  autoscale: { maxPrefetch: 32, maxMemory: 4GiB, factor: 0.7 }\n",
     )
@@ -233,7 +237,10 @@ fn prefetch_and_autoscale_sections_parse_and_are_checked() {
     assert_eq!(c.agent.autoscale.max_prefetch, 32);
     assert_eq!(c.agent.autoscale.max_memory, Some(ByteSize(4 << 30)));
     let e = err("agent:\n  autoscale: { factor: 1.5 }\n");
-    assert!(e.contains("agent.autoscale.factor") && e.contains("(0, 1)"), "{e}");
+    assert!(
+        e.contains("agent.autoscale.factor") && e.contains("(0, 1)"),
+        "{e}"
+    );
     assert!(e.contains("line 2:"), "{e}");
     let e = err("agent:\n  cache: { memory: 2GiB }\n  autoscale: { maxMemory: 1GiB }\n");
     assert!(e.contains("agent.autoscale.maxMemory"), "{e}");

@@ -339,6 +339,7 @@ mod tests {
     async fn the_loop_acts_on_stalls_errors_and_the_observer() {
         let mut agent = AgentConfig::default();
         agent.cache.memory = sluice::config::ByteSize(8 << 20);
+        agent.autoscale.max_memory = Some(sluice::config::ByteSize(16 << 20));
         let cache = sluice_cache_engine::CacheBuilder::new()
             .memory_capacity(8 << 20)
             .max_value_size(1 << 20)
