@@ -152,6 +152,22 @@ async fn prefetch_and_autoscaler_cut_the_stall_of_a_cold_sequential_scan() {
             a.stall.as_secs_f64() / off.stall.as_secs_f64()
         );
     }
+    // Started below what the scan needs, the budget was raised by the autoscaler.
+    let raised = low
+        .metrics
+        .lines()
+        .find(|l| {
+            l.starts_with("sluice_autoscale_decisions_total")
+                && l.contains("knob=\"prefetch\"")
+                && l.contains("direction=\"up\"")
+        })
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    assert!(
+        raised >= 1.0,
+        "the autoscaler never raised a budget of 2 under a stalled scan\n--- log ---\n{}",
+        low.log
+    );
     for (name, a) in [("on", &on), ("on, budget from 2", &low)] {
         assert!(
             a.stall < off.stall,
