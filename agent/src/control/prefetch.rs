@@ -50,7 +50,7 @@ const DIRS: usize = 4096;
 /// Blocks of a large file fetched by a directory scan.
 const DIR_FILE_BLOCKS: u64 = 2;
 /// Files of the known set the background walk looks at per open.
-const BACKGROUND_SCAN: usize = 4096;
+const BACKGROUND_SCAN: usize = 512;
 /// Share of a dataset's files opened for a pass to count as complete.
 const EPOCH_COMPLETE: f64 = 0.9;
 
