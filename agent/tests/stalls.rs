@@ -400,3 +400,43 @@ fn stalls_say_why_when_the_probes_are_off_and_when_no_agent_runs() {
         .len();
     assert!(n > 0);
 }
+
+#[test]
+fn the_stalls_section_is_parsed_validated_and_overridden_by_the_environment() {
+    use sluice::config::Config;
+    let c = Config::parse("agent:\n  mountRoot: /m\n").unwrap();
+    let s = &c.agent.stalls;
+    assert!(s.enabled);
+    assert_eq!((s.tick_millis, s.sample_every), (1000, 16));
+    assert_eq!(s.pod_log_dir, Path::new("/var/log/pods"));
+    let c = Config::parse(
+        "agent:\n  stalls: { enabled: false, watchPrefixes: [/data/imagenet], tickMillis: 500, sampleEvery: 4, episodeMinRatio: 0.2, episodeLogSecs: 5, podLogDir: /tmp/pods }\n",
+    )
+    .unwrap();
+    let s = &c.agent.stalls;
+    assert!(!s.enabled);
+    assert_eq!(s.watch_prefixes, [PathBuf::from("/data/imagenet")]);
+    assert_eq!(
+        (s.tick_millis, s.sample_every, s.episode_log_secs),
+        (500, 4, 5)
+    );
+    for (bad, field) in [
+        ("watchPrefixes: [data]", "agent.stalls.watchPrefixes[0]"),
+        ("tickMillis: 0", "agent.stalls.tickMillis"),
+        ("episodeMinRatio: 2", "agent.stalls.episodeMinRatio"),
+        ("nosuch: 1", "nosuch"),
+    ] {
+        let err = Config::parse(&format!("agent:\n  stalls: {{ {bad} }}\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(field), "{bad}: {err}");
+    }
+    let env =
+        |v: &'static str| move |k: &str| (k == "SLUICE_STALLS_ENABLED").then(|| v.to_string());
+    let off = Config::parse_with_env("c.yaml", "agent: {}\n", env("false")).unwrap();
+    assert!(!off.agent.stalls.enabled);
+    let err = Config::parse_with_env("c.yaml", "agent: {}\n", env("maybe"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("SLUICE_STALLS_ENABLED"), "{err}");
+}

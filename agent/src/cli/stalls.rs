@@ -174,3 +174,76 @@ pub fn table(r: &StallsReport) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::observe::report::{Identity, Wait, WorkloadReport};
+
+    #[test]
+    fn the_table_says_why_stalls_are_off() {
+        let r = StallsReport {
+            from: "off".into(),
+            disabled_reason: Some("CAP_BPF/CAP_SYS_ADMIN missing: …".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            table(&r),
+            "stall features are off: CAP_BPF/CAP_SYS_ADMIN missing: …\n"
+        );
+    }
+
+    #[test]
+    fn the_table_has_a_row_per_workload() {
+        let figures = Figures {
+            wall_seconds: 10.0,
+            stalled_seconds: 2.5,
+            stall_ratio: 0.25,
+            read_calls: 10,
+            read_bytes: 30 << 20,
+            mib_per_second: 3.0,
+            p50_ms: 0.5,
+            p99_ms: 120.0,
+            hit_ratio: Some(0.4),
+            ..Default::default()
+        };
+        let r = StallsReport {
+            from: "ebpf".into(),
+            window_seconds: 10.0,
+            workloads: vec![WorkloadReport {
+                identity: Identity {
+                    kind: "pod".into(),
+                    pod_uid: Some("u".into()),
+                    pod_namespace: Some("ml".into()),
+                    pod_name: Some("train-0".into()),
+                    ..Default::default()
+                },
+                total: figures.clone(),
+                recent: figures,
+                top_dirs: vec![Wait {
+                    path: "imagenet/train/n01/".into(),
+                    stalled_seconds: 2.0,
+                    share: 0.8,
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let t = table(&r);
+        let row = t.lines().nth(1).unwrap();
+        for want in [
+            "pod ml/train-0",
+            "10.0s",
+            "2.5s",
+            "25%",
+            "3.0",
+            "500µs",
+            "120.0ms",
+            "40%",
+            "imagenet/train/n01/ 80%",
+        ] {
+            assert!(row.contains(want), "{want:?} missing in {row:?}");
+        }
+        assert!(t.contains("read through watched paths: 30.0 MiB"), "{t}");
+    }
+}
