@@ -171,6 +171,9 @@ pub async fn run(config_path: &Path) -> Result<()> {
         .prefetch
         .enabled
         .then(|| Limiter::new(agent.prefetch.concurrency));
+    if let Some(l) = &limiter {
+        metrics.control.prefetch_concurrency.set(l.limit() as i64);
+    }
     let fuse_stalls = Arc::new(FuseStalls::default());
     let mut mounted: Vec<MountedDataset> = Vec::new();
     for (d, spec) in served.iter().zip(&config.datasets) {
