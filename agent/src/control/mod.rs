@@ -83,17 +83,30 @@ impl Limiter {
 /// Time FUSE reads spent waiting, per reading process: the stall estimate when the eBPF
 /// probes are off. A read's time is from the kernel's request to our reply; cache hits
 /// answer in microseconds, so what adds up is waiting on source fetches.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct FuseStalls {
-    waited: Mutex<HashMap<u32, Duration>>,
+    /// Sharded by pid: every read of every mount records here.
+    waited: Vec<Mutex<HashMap<u32, Duration>>>,
+}
+
+const STALL_SHARDS: usize = 16;
+
+impl Default for FuseStalls {
+    fn default() -> Self {
+        FuseStalls {
+            waited: (0..STALL_SHARDS).map(|_| Mutex::default()).collect(),
+        }
+    }
 }
 
 impl FuseStalls {
     /// Records `waited` spent in one read by process `pid`.
     pub fn record(&self, pid: u32, waited: Duration) {
-        let mut map = self.waited.lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = self.waited[pid as usize % STALL_SHARDS]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         // Emptied every tick by the autoscaler; bounded for when none runs.
-        if map.len() >= 4096 && !map.contains_key(&pid) {
+        if map.len() >= 256 && !map.contains_key(&pid) {
             map.clear();
         }
         *map.entry(pid).or_default() += waited;
@@ -103,12 +116,16 @@ impl FuseStalls {
     /// sends a process's readahead in parallel with its read), how many processes waited
     /// at least `threshold` of it; resets the counts.
     pub fn take(&self, interval: Duration, threshold: f64) -> (f64, usize) {
-        let waited = std::mem::take(&mut *self.waited.lock().unwrap_or_else(|e| e.into_inner()));
         let secs = interval.as_secs_f64().max(1e-3);
-        let ratios = waited.values().map(|w| (w.as_secs_f64() / secs).min(1.0));
-        ratios.fold((0.0f64, 0), |(max, n), r| {
-            (max.max(r), n + (r > threshold) as usize)
-        })
+        let mut out = (0.0f64, 0);
+        for shard in &self.waited {
+            let waited = std::mem::take(&mut *shard.lock().unwrap_or_else(|e| e.into_inner()));
+            for w in waited.values() {
+                let r = (w.as_secs_f64() / secs).min(1.0);
+                out = (out.0.max(r), out.1 + (r > threshold) as usize);
+            }
+        }
+        out
     }
 }
 
