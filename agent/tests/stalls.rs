@@ -253,8 +253,9 @@ async fn reported_stall_matches_what_a_pods_reader_measured_and_a_busy_pod_shows
     let metrics_port = support::free_port();
     configure(&env, &s3, &proxy.endpoint(), &pods, metrics_port);
 
+    let pinned_before = bpffs_entries();
     tokio::task::block_in_place(|| {
-        env.start_agent();
+        let pid = env.start_agent().id();
         let report = stalls_json(&env);
         assert_eq!(
             report["from"],
@@ -262,6 +263,8 @@ async fn reported_stall_matches_what_a_pods_reader_measured_and_a_busy_pod_shows
             "probes not loaded: {report}\n{}",
             env.log(0)
         );
+        // The programs belong to the agent's process (held by its fds), nothing pinned.
+        assert!(bpf_prog_fds(pid) > 0, "the agent holds no BPF program fds");
 
         let files: Vec<String> = rels
             .iter()
@@ -352,6 +355,41 @@ async fn reported_stall_matches_what_a_pods_reader_measured_and_a_busy_pod_shows
         drop(busy_cg);
         assert!(env.stop_agent().success());
     });
+    assert_eq!(
+        bpffs_entries(),
+        pinned_before,
+        "the agent left something in /sys/fs/bpf"
+    );
+}
+
+/// Open fds of `pid` that are BPF programs.
+fn bpf_prog_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.flatten()
+                .filter(|e| {
+                    std::fs::read_link(e.path())
+                        .is_ok_and(|l| l.to_string_lossy() == "anon_inode:bpf-prog")
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// Everything under /sys/fs/bpf (pins).
+fn bpffs_entries() -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![PathBuf::from("/sys/fs/bpf")];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                stack.push(e.path());
+            }
+            out.push(e.path());
+        }
+    }
+    out.sort();
+    out
 }
 
 #[test]
