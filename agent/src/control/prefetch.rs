@@ -546,6 +546,9 @@ impl Prefetcher {
     fn fetch_files(&self, tree: &Arc<Tree>, files: &[Entry], kind: &str, max_blocks: u64) -> usize {
         let block = self.dataset.block_size;
         let (mut room, epoch_quota) = self.room();
+        // Bounds one call's work and bytes (an epoch of large files would otherwise queue
+        // whole files); what is left over waits for a later open.
+        let mut budget = self.config.max_window * 4;
         let mut done = 0;
         for e in files {
             let EntryKind::File { mount, object } = e.kind else {
@@ -563,6 +566,10 @@ impl Prefetcher {
             }
             room -= bytes;
             for index in 0..blocks {
+                if budget == 0 {
+                    return done;
+                }
+                budget -= 1;
                 if self.fetch_block(tree, mount, object, index, kind) == Fetch::Full {
                     return done;
                 }
@@ -583,7 +590,15 @@ impl Prefetcher {
     ) -> Fetch {
         let obj = tree.object(mount, object);
         let key = self.dataset.block_key(mount, obj, index);
-        if self.dataset.cache.contains(&key) {
+        // Cached, or prefetched already and not read yet (in flight or just arrived).
+        if self.dataset.cache.contains(&key)
+            || self
+                .tracked
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .at
+                .contains_key(&key)
+        {
             return Fetch::Cached;
         }
         let Some(permit) = self.limiter.try_acquire() else {
