@@ -10,7 +10,9 @@ pub struct StallTick {
     /// How long the tick covered.
     pub interval: Duration,
     /// The highest stall ratio (time blocked on dataset reads / wall time) of any workload
-    /// (pod, unit or process) in the tick; 0 when nothing read.
+    /// (pod, unit or process) in the tick; 0 when nothing read. Blocked time is summed over
+    /// a workload's threads, so the observer caps this at 1 (`sluice stalls` shows it
+    /// uncapped).
     pub max_stall_ratio: f64,
     /// How many workloads stalled at all in the tick.
     pub stalled_workloads: usize,
