@@ -41,7 +41,14 @@ pub struct ServedBytes {
 struct RecentBlocks {
     entries: usize,
     budget: u64,
-    state: Mutex<(HashMap<Key, (Bytes, Origin)>, VecDeque<Key>, u64)>,
+    state: Mutex<RecentState>,
+}
+
+#[derive(Debug, Default)]
+struct RecentState {
+    blocks: HashMap<Key, (Bytes, Origin)>,
+    order: VecDeque<Key>,
+    bytes: u64,
 }
 
 impl RecentBlocks {
@@ -49,27 +56,28 @@ impl RecentBlocks {
         RecentBlocks {
             entries,
             budget,
-            state: Mutex::new((HashMap::new(), VecDeque::new(), 0)),
+            state: Mutex::default(),
         }
     }
 
     fn get(&self, key: &Key) -> Option<(Bytes, Origin)> {
-        self.state.lock().unwrap().0.get(key).cloned()
+        self.state.lock().unwrap().blocks.get(key).cloned()
     }
 
     fn put(&self, key: Key, value: Bytes, origin: Origin) {
-        let mut guard = self.state.lock().unwrap();
-        let (map, order, bytes) = &mut *guard;
-        if value.len() as u64 > self.budget || map.contains_key(&key) {
+        let mut st = self.state.lock().unwrap();
+        if value.len() as u64 > self.budget || st.blocks.contains_key(&key) {
             return;
         }
-        while *bytes + value.len() as u64 > self.budget || order.len() >= self.entries {
-            let Some(old) = order.pop_front() else { break };
-            *bytes -= map.remove(&old).map_or(0, |v| v.0.len() as u64);
+        while st.bytes + value.len() as u64 > self.budget || st.order.len() >= self.entries {
+            let Some(old) = st.order.pop_front() else {
+                break;
+            };
+            st.bytes -= st.blocks.remove(&old).map_or(0, |v| v.0.len() as u64);
         }
-        *bytes += value.len() as u64;
-        map.insert(key, (value, origin));
-        order.push_back(key);
+        st.bytes += value.len() as u64;
+        st.blocks.insert(key, (value, origin));
+        st.order.push_back(key);
     }
 }
 

@@ -11,14 +11,21 @@ use std::time::{Duration, Instant};
 pub const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 
 /// Why FUSE tests cannot run here, if they cannot.
+/// Under `SLUICE_TEST_STRICT` (set by `cargo xtask test` as root, so in CI) a test that
+/// cannot run fails instead of skipping: CI must not pass by skipping.
 pub fn skip_reason() -> Option<String> {
-    if !nix::unistd::geteuid().is_root() {
-        return Some("not root: FUSE mounts need root".into());
-    }
-    if !Path::new("/dev/fuse").exists() {
-        return Some("/dev/fuse is missing".into());
-    }
-    None
+    let why = if !nix::unistd::geteuid().is_root() {
+        "not root: FUSE mounts need root"
+    } else if !Path::new("/dev/fuse").exists() {
+        "/dev/fuse is missing"
+    } else {
+        return None;
+    };
+    assert!(
+        std::env::var_os("SLUICE_TEST_STRICT").is_none(),
+        "cannot run under SLUICE_TEST_STRICT: {why}"
+    );
+    Some(why.into())
 }
 
 /// Skips the test (returns) with a printed reason when FUSE is unavailable.
@@ -35,7 +42,7 @@ macro_rules! require_fuse {
 /// xorshift64* for deterministic test data.
 pub struct Rng(pub u64);
 impl Rng {
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
@@ -44,7 +51,7 @@ impl Rng {
     pub fn bytes(&mut self, n: usize) -> Vec<u8> {
         let mut v = Vec::with_capacity(n + 8);
         while v.len() < n {
-            v.extend_from_slice(&self.next().to_le_bytes());
+            v.extend_from_slice(&self.next_u64().to_le_bytes());
         }
         v.truncate(n);
         v
@@ -74,7 +81,7 @@ impl Env {
         let mut files = Vec::new();
         for i in 0..small {
             let rel = format!("class{:02}/img_{i:04}.jpg", i % 10);
-            let size = 1024 + (rng.next() % (300 << 10)) as usize;
+            let size = 1024 + (rng.next_u64() % (300 << 10)) as usize;
             std::fs::create_dir_all(data.join(&rel).parent().unwrap()).unwrap();
             std::fs::write(data.join(&rel), rng.bytes(size)).unwrap();
             files.push(rel);

@@ -3,7 +3,6 @@
 
 #[path = "fuse_harness.rs"]
 mod harness;
-#[allow(dead_code)]
 mod support;
 
 use harness::Env;

@@ -15,6 +15,10 @@ fn run(cmd: &mut Command) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn disk_full_fails_inserts_cleanly() {
     if !is_root() {
+        assert!(
+            std::env::var_os("SLUICE_TEST_STRICT").is_none(),
+            "SLUICE_TEST_STRICT but not root"
+        );
         eprintln!(
             "skipping disk_full_fails_inserts_cleanly: needs root to loop-mount a small ext4"
         );

