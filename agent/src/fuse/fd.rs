@@ -18,14 +18,19 @@ pub fn send_line(sock: &UnixStream, line: &str, fd: Option<BorrowedFd<'_>>) -> s
         .as_ref()
         .map(|r| vec![ControlMessage::ScmRights(r)])
         .unwrap_or_default();
-    sendmsg::<()>(
-        sock.as_raw_fd(),
-        &[IoSlice::new(&data)],
-        &cmsgs,
-        MsgFlags::empty(),
-        None,
-    )?;
-    Ok(())
+    // A socket with a timeout returns EINTR on any signal, SA_RESTART or not (signal(7)).
+    loop {
+        match sendmsg::<()>(
+            sock.as_raw_fd(),
+            &[IoSlice::new(&data)],
+            &cmsgs,
+            MsgFlags::empty(),
+            None,
+        ) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            r => return r.map(drop).map_err(Into::into),
+        }
+    }
 }
 
 /// Receives one message (a text line of at most 4 KiB) and the fd attached to it, if any.
@@ -34,12 +39,20 @@ pub fn recv_line(sock: &UnixStream) -> std::io::Result<(String, Option<OwnedFd>)
     let mut buf = vec![0u8; 4096];
     let mut cmsg = nix::cmsg_space!([RawFd; 1]);
     let mut iov = [IoSliceMut::new(&mut buf)];
-    let msg = recvmsg::<()>(
-        sock.as_raw_fd(),
-        &mut iov,
-        Some(&mut cmsg),
-        MsgFlags::MSG_CMSG_CLOEXEC,
-    )?;
+    // The keeper's socket has a read timeout, so any signal (a child exiting, say) fails the
+    // call with EINTR even under SA_RESTART (signal(7)): retry. Seen in CI as "fd keeper
+    // unavailable: Interrupted system call", which cost a restart its kept connection.
+    let msg = loop {
+        match recvmsg::<()>(
+            sock.as_raw_fd(),
+            &mut iov,
+            Some(&mut cmsg),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        ) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            r => break r?,
+        }
+    };
     let mut fd = None;
     for c in msg.cmsgs()? {
         if let ControlMessageOwned::ScmRights(fds) = c {
