@@ -464,7 +464,8 @@ impl Prefetcher {
                 return;
             }
             for index in blocks {
-                if self.fetch_block(tree, mount, object, index, "readahead") == Fetch::Full {
+                // A sequential reader also waits on NVMe: stage cached blocks ahead too.
+                if self.fetch_block(tree, mount, object, index, "readahead", true) == Fetch::Full {
                     break;
                 }
             }
@@ -570,7 +571,7 @@ impl Prefetcher {
                     return done;
                 }
                 budget -= 1;
-                if self.fetch_block(tree, mount, object, index, kind) == Fetch::Full {
+                if self.fetch_block(tree, mount, object, index, kind, false) == Fetch::Full {
                     return done;
                 }
             }
@@ -579,7 +580,9 @@ impl Prefetcher {
         done
     }
 
-    /// Fetches one block into the cache in the background unless it is cached.
+    /// Fetches one block into the cache in the background unless it is cached; with
+    /// `stage`, a block cached only on NVMe is read too, so that the reader finds it in
+    /// memory (the dataset keeps NVMe hits for the rest of their reads).
     fn fetch_block(
         &self,
         tree: &Arc<Tree>,
@@ -587,11 +590,12 @@ impl Prefetcher {
         object: usize,
         index: u64,
         kind: &str,
+        stage: bool,
     ) -> Fetch {
         let obj = tree.object(mount, object);
         let key = self.dataset.block_key(mount, obj, index);
         // Cached, or prefetched already and not read yet (in flight or just arrived).
-        if self.dataset.cache.contains(&key)
+        if (!stage && self.dataset.cache.contains(&key))
             || self
                 .tracked
                 .lock()
