@@ -969,7 +969,10 @@ fn replace_section(doc: &str, heading: &str, section: &str) -> String {
     let end = after
         .find("\n## ")
         .map_or(doc.len(), |i| start + heading.len() + i + 1);
-    format!("{}{}{}", &doc[..start], section, &doc[end..])
+    let rest = &doc[end..];
+    // A following section keeps its blank line.
+    let gap = if rest.is_empty() || section.ends_with("\n\n") { "" } else { "\n" };
+    format!("{}{}{gap}{}", &doc[..start], section, rest)
 }
 
 /// The figure each workload is judged on, and the first run's.
@@ -997,15 +1000,20 @@ impl Report {
         let opt =
             |v: Option<f64>, digits: usize| v.map_or("-".to_string(), |v| format!("{v:.digits$}"));
         let mut out = String::from("## Against peers\n\n");
-        let cmd = if s.quick {
-            "cargo xtask bench peers --quick --json peers.json"
-        } else {
-            "cargo xtask bench peers --json peers.json"
+        let torch = s.quick && self.systems.contains(&System::S3Torch);
+        let cmd = match (s.quick, torch) {
+            (true, true) => {
+                "SLUICE_BENCH_TORCH=1 SLUICE_BENCH_WRITE_DOCS=1 cargo xtask bench peers --quick --json peers.json"
+            }
+            (true, false) => {
+                "SLUICE_BENCH_WRITE_DOCS=1 cargo xtask bench peers --quick --json peers.json"
+            }
+            (false, _) => "cargo xtask bench peers --json peers.json",
         };
         let _ = writeln!(out, "Written by `{cmd}` (as root). Issue #5.");
         let _ = writeln!(
             out,
-            "\nFull runs rewrite this section and `docs/plots/peers-*.svg`; quick runs write theirs under `target/bench/peers/` unless `SLUICE_BENCH_WRITE_DOCS=1`. `SLUICE_BENCH_ONLY=rclone,s3fs` runs a subset (docs untouched), `SLUICE_BENCH_NO_AGENT=1` leaves Sluice out, and `SLUICE_BENCH_TORCH=1 .ci/install-deps` installs s3torchconnector for full runs."
+            "\nFull runs rewrite this section and `docs/plots/peers-*.svg`; quick runs write theirs under `target/bench/peers/` unless `SLUICE_BENCH_WRITE_DOCS=1`. `SLUICE_BENCH_ONLY=rclone,s3fs` runs a subset (docs untouched), `SLUICE_BENCH_NO_AGENT=1` leaves Sluice out, and `SLUICE_BENCH_TORCH=1 .ci/install-deps` installs s3torchconnector (full runs need it; quick runs include it with `SLUICE_BENCH_TORCH=1`)."
         );
         if s.quick {
             let _ = writeln!(
