@@ -5,6 +5,8 @@
 #ifndef SLUICE_KERNEL_TYPES_H
 #define SLUICE_KERNEL_TYPES_H
 
+typedef _Bool bool;
+
 #pragma clang attribute push(__attribute__((preserve_access_index)), apply_to = record)
 struct super_block {
 	__u32 s_dev;
@@ -24,9 +26,35 @@ struct fdtable {
 struct files_struct {
 	struct fdtable *fdt;
 };
-struct task_struct {
-	struct files_struct *files;
+struct kernfs_node {
+	__u64 id;
 };
+struct cgroup {
+	struct kernfs_node *kn;
+};
+struct css_set {
+	struct cgroup *dfl_cgrp;
+};
+struct task_struct {
+	int pid;
+	int tgid;
+	struct files_struct *files;
+	struct css_set *cgroups;
+};
+#if defined(__TARGET_ARCH_x86)
+struct pt_regs {
+	unsigned long di;
+	unsigned long si;
+	unsigned long dx;
+	unsigned long r10;
+	unsigned long orig_ax;
+};
+#elif defined(__TARGET_ARCH_arm64)
+struct pt_regs {
+	__u64 regs[31];
+	__s32 syscallno;
+};
+#endif
 struct io_kiocb {
 	struct file *file; /* inside an anonymous union in the kernel; CO-RE finds it */
 };
@@ -39,34 +67,6 @@ struct trace_common {
 	__u8 flags;
 	__u8 preempt_count;
 	__s32 pid;
-};
-
-/* syscalls/sys_enter_*: every argument is widened to 8 bytes from offset 16. */
-struct tp_sys_enter {
-	struct trace_common common;
-	__s32 syscall_nr;
-	__u32 _pad;
-	__u64 args[6];
-};
-
-/* syscalls/sys_exit_* */
-struct tp_sys_exit {
-	struct trace_common common;
-	__s32 syscall_nr;
-	__u32 _pad;
-	__s64 ret;
-};
-
-/* sched/sched_switch */
-struct tp_sched_switch {
-	struct trace_common common;
-	char prev_comm[16];
-	__s32 prev_pid;
-	__s32 prev_prio;
-	__s64 prev_state;
-	char next_comm[16];
-	__s32 next_pid;
-	__s32 next_prio;
 };
 
 /* fuse/fuse_request_send */

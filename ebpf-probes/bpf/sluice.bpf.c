@@ -2,28 +2,31 @@
 /* Sluice's dataset-read probes, tracepoints only (kprobes and fentry are unavailable on
  * the target kernels).
  *
- * A read counts as a dataset read when its file is watched, decided in the kernel:
+ * Reads and opens are followed on the raw syscall tracepoints (sys_enter/sys_exit, as BTF
+ * tracepoints), the only hooks that every syscall of the node passes, so their fast path
+ * is one lookup: a read counts only in a process in `watched_procs` (it opened a watched
+ * file, forked from one that did, or held one when the probes loaded; user space finds
+ * those in /proc). In such a process an fd is classified once per open file and the answer
+ * kept in `fd_marks` (tgid << 32 | fd), checked against the fd's current struct file:
  *  1. by filesystem: the file's inode->i_sb->s_dev is in `watched_devs` (user space puts
- *     there the s_dev of each watched mount, e.g. the Sluice FUSE mount). Checked at every
- *     read by walking current->files->fdt->fd[fd], so fds that were dup'ed, inherited over
- *     fork or opened by openat2/io_uring count too;
- *  2. by path: an absolute openat path starting with a prefix in `watched_prefixes` marks
- *     the returned fd in `watched_fds` (tgid << 32 | fd -> dev, ino), cleared at close, and
- *     its open file (struct file *) in `watched_files`, so the mark survives dup2 (dd moves
- *     its input to fd 0) and fork. A read counts when the fd resolves to that same (dev,
- *     ino); the check also makes a recycled struct file address harmless.
+ *     there the s_dev of each watched mount, e.g. the Sluice FUSE mount), so fds that were
+ *     dup'ed, inherited over fork or opened by io_uring count too;
+ *  2. by path: an absolute open(at) path starting with a prefix in `watched_prefixes`
+ *     marks the open file (struct file *) in `watched_files`, so the mark survives dup2
+ *     (dd moves its input to fd 0) and fork; the (dev, ino) check makes a recycled struct
+ *     file address harmless.
  * Everything is aggregated per cgroup id (cgroup v2) and mount id in per-CPU maps; a
  * sampled stream of accesses goes to user space through a ring buffer. */
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_core_read.h>
+#include <bpf/bpf_tracing.h>
 
 #include "kernel_types.h"
 #include "sluice.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
-#define TASK_REPORT_BLOCKED 0xff /* S, D, T, t, X, Z, P, I: not runnable */
 #define PATH_SCRATCH 256
 
 struct {
@@ -40,12 +43,25 @@ struct {
 	__type(value, struct sluice_prefix);
 } watched_prefixes SEC(".maps");
 
+/* What an fd of a watched process refers to, decided once per open file: the struct file
+ * and inode pointers tell whether the fd still holds the same file (a dup2 onto it or a
+ * missed close changes them), so a read costs a lookup and two pointer loads, not a
+ * classification. */
+#define NOT_WATCHED 0xffffffffu
+struct fd_mark {
+	__u64 file;         /* struct file * */
+	__u64 inode;        /* struct inode *: with the file, tells a reused address apart */
+	__u64 ino;
+	__u32 dev;
+	__u32 mount_id;     /* NOT_WATCHED: looked at, not a dataset file */
+};
+
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 131072);
 	__type(key, __u64); /* tgid << 32 | fd */
-	__type(value, struct sluice_watched_fd);
-} watched_fds SEC(".maps");
+	__type(value, struct fd_mark);
+} fd_marks SEC(".maps");
 
 /* The same marks keyed by open file; never cleared (another fd may still share the file),
  * LRU evicts old ones. */
@@ -63,6 +79,16 @@ struct {
 	__type(value, struct sluice_config);
 } config SEC(".maps");
 
+/* Processes (tgid) that hold, or held, an open watched file: the only ones whose reads are
+ * looked at more closely. Set at openat, inherited at fork, filled at load from /proc by
+ * user space, cleared when the process exits. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 32768);
+	__type(key, __u32);
+	__type(value, __u32);
+} watched_procs SEC(".maps");
+
 /* Per-thread state of an openat whose path matched a prefix (tid -> mount id + 1). */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -71,23 +97,36 @@ struct {
 	__type(value, __u32);
 } pending_opens SEC(".maps");
 
-/* A dataset read in progress on one thread. */
+/* A dataset read in progress on one thread, kept in the thread's own storage: no hash
+ * insert and delete per read (an LRU hash takes a lock shared by all CPUs for both), and
+ * nothing to leak when a thread dies inside a read. */
 struct inflight_read {
+	__u64 active;       /* 1 between the read's entry and exit */
 	__u64 start_ns;
 	__u64 offcpu_since; /* 0 while on CPU */
 	__u64 blocked_ns;
 	__u64 ino;
-	__s64 offset;
+	__u64 file;         /* struct file *, for the position of read/readv when sampled */
+	__s64 offset;       /* -1: the file position, read at exit */
 	__u32 dev;
 	__u32 mount_id;
 	__u32 kind;
-	__u32 _pad;
+	/* The fd this thread read last and what it is (a training loop reads one file many
+	 * times in a row): spares the fd_marks lookup. */
+	__u32 last_fd;
+	__u64 last_file;    /* struct file *; 0: nothing cached */
+	__u64 last_inode;   /* its struct inode *: a file closed and another opened in its
+			     * place may get the same address, never the same inode too
+			     * unless it is the same file */
+	__u64 last_ino;
+	__u32 last_dev;
+	__u32 last_mount_id;
 };
 
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 16384);
-	__type(key, __u32); /* tid */
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
 	__type(value, struct inflight_read);
 } inflight_reads SEC(".maps");
 
@@ -207,80 +246,107 @@ static __always_inline struct sluice_read_stats *read_stats_for(__u64 cgroup_id,
 	return s;
 }
 
-/* The open file behind `fd` in the current task, or NULL. */
+/* The open file behind `fd` in the current task, or NULL. task->files->fdt are BTF loads
+ * (no helper call); the fd array holds __rcu pointers the verifier does not type, so that
+ * one slot is read with a helper. */
 static __always_inline struct file *fd_file(__u32 fd)
 {
-	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
-	struct fdtable *fdt = BPF_CORE_READ(task, files, fdt);
-	if (!fdt)
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct fdtable *fdt = task->files->fdt;
+	if (!fdt || fd >= fdt->max_fds)
 		return 0;
-	if (fd >= BPF_CORE_READ(fdt, max_fds))
-		return 0;
-	struct file **fds = BPF_CORE_READ(fdt, fd);
+	struct file **fds = fdt->fd;
 	struct file *f = 0;
 	bpf_probe_read_kernel(&f, sizeof(f), &fds[fd]);
 	return f;
 }
 
-/* Decide whether fd is a watched file; fills dev/ino/mount and the position for read(). */
-static __always_inline int watched_read_target(__u32 tgid, __u32 fd, struct inflight_read *r)
+/* Decide what an open file is: a file of a watched filesystem, a file marked by a prefix
+ * watch at its open (possibly under another fd, after dup2 or fork), or neither. */
+static __always_inline void classify(struct file *f, struct fd_mark *m)
 {
-	struct file *f = fd_file(fd);
-	if (!f)
-		return 0;
-	/* Every read on the node comes through here: decide on the device first and read
-	 * the rest only for watched files. */
 	struct inode *inode = BPF_CORE_READ(f, f_inode);
-	r->dev = BPF_CORE_READ(inode, i_sb, s_dev);
-
-	struct sluice_watched_dev *wd = bpf_map_lookup_elem(&watched_devs, &r->dev);
+	m->file = (__u64)f;
+	m->inode = (__u64)inode;
+	m->dev = BPF_CORE_READ(inode, i_sb, s_dev);
+	m->ino = BPF_CORE_READ(inode, i_ino);
+	m->mount_id = NOT_WATCHED;
+	struct sluice_watched_dev *wd = bpf_map_lookup_elem(&watched_devs, &m->dev);
 	if (wd) {
-		r->mount_id = wd->mount_id;
-		r->ino = BPF_CORE_READ(inode, i_ino);
-		r->offset = BPF_CORE_READ(f, f_pos);
-		return 1;
-	}
-	/* Only prefix watches mark fds and files: without one configured (user space fills
-	 * the slots from 0), skip both lookups. */
-	__u32 zero = 0;
-	struct sluice_prefix *first = bpf_map_lookup_elem(&watched_prefixes, &zero);
-	if (!first || first->len == 0)
-		return 0;
-	r->ino = BPF_CORE_READ(inode, i_ino);
-	r->offset = BPF_CORE_READ(f, f_pos);
-	__u64 key = ((__u64)tgid << 32) | fd;
-	struct sluice_watched_fd *wf = bpf_map_lookup_elem(&watched_fds, &key);
-	if (wf && wf->dev == r->dev && wf->ino == r->ino) {
-		r->mount_id = wf->mount_id;
-		return 1;
+		m->mount_id = wd->mount_id;
+		return;
 	}
 	__u64 fkey = (__u64)f;
-	wf = bpf_map_lookup_elem(&watched_files, &fkey);
-	if (wf && wf->dev == r->dev && wf->ino == r->ino) {
-		r->mount_id = wf->mount_id;
-		/* A dup'ed or inherited fd of a watched file: mark it too. */
-		bpf_map_update_elem(&watched_fds, &key, wf, BPF_ANY);
-		return 1;
-	}
-	return 0;
+	struct sluice_watched_fd *wf = bpf_map_lookup_elem(&watched_files, &fkey);
+	if (wf && wf->dev == m->dev && wf->ino == m->ino)
+		m->mount_id = wf->mount_id;
 }
 
-static __always_inline int read_enter(struct tp_sys_enter *ctx, __u32 kind)
+static __always_inline void mark_proc(__u32 tgid)
 {
-	__u64 id = bpf_get_current_pid_tgid();
-	__u32 tid = (__u32)id, tgid = id >> 32;
-	struct inflight_read r = {};
+	__u32 one = 1;
+	if (bpf_map_lookup_elem(&watched_procs, &tgid))
+		return;
+	if (bpf_map_update_elem(&watched_procs, &tgid, &one, BPF_ANY))
+		count_lost(1);
+}
 
-	if (!watched_read_target(tgid, (__u32)ctx->args[0], &r))
-		return 0;
-	r.kind = kind;
-	if (kind == SLUICE_PREAD64)
-		r.offset = (__s64)ctx->args[3];
-	else if (kind == SLUICE_PREADV)
-		r.offset = (__s64)ctx->args[3]; /* pos_l; pos_h is 0 on 64-bit */
-	r.start_ns = bpf_ktime_get_ns();
-	bpf_map_update_elem(&inflight_reads, &tid, &r, BPF_ANY);
-	return 0;
+static __always_inline void read_enter(__u32 fd, __u32 kind, __s64 pos)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	/* Every read on the node comes through here. A thread that read a dataset before has
+	 * storage; any other thread costs one lookup unless its process holds a watched file. */
+	struct inflight_read *r = bpf_task_storage_get(&inflight_reads, task, 0, 0);
+	if (!r) {
+		__u32 tgid = task->tgid;
+		if (!bpf_map_lookup_elem(&watched_procs, &tgid))
+			return;
+		r = bpf_task_storage_get(&inflight_reads, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+		if (!r) {
+			count_lost(1);
+			return;
+		}
+	}
+	struct file *f = fd_file(fd);
+	if (!f)
+		return;
+	struct inode *inode = 0;
+	bpf_probe_read_kernel(&inode, sizeof(inode), &f->f_inode);
+	if (r->last_file != (__u64)f || r->last_fd != fd || r->last_inode != (__u64)inode) {
+		__u64 key = ((__u64)task->tgid << 32) | fd;
+		struct fd_mark fresh;
+		struct fd_mark *m = bpf_map_lookup_elem(&fd_marks, &key);
+		if (!m || m->file != (__u64)f || m->inode != (__u64)inode) {
+			classify(f, &fresh);
+			bpf_map_update_elem(&fd_marks, &key, &fresh, BPF_ANY);
+			m = &fresh;
+		}
+		r->last_fd = fd;
+		r->last_file = (__u64)f;
+		r->last_inode = (__u64)inode;
+		r->last_ino = m->ino;
+		r->last_dev = m->dev;
+		r->last_mount_id = m->mount_id;
+	}
+	if (r->last_mount_id == NOT_WATCHED)
+		return;
+	r->ino = r->last_ino;
+	r->file = (__u64)f;
+	r->offset = pos;
+	r->dev = r->last_dev;
+	r->mount_id = r->last_mount_id;
+	r->kind = kind;
+	r->offcpu_since = 0;
+	r->blocked_ns = 0;
+	r->start_ns = bpf_ktime_get_ns();
+	r->active = 1;
+}
+
+/* bpf_get_current_cgroup_id() without the helper call: the same kernfs id, by BTF loads. */
+static __always_inline __u64 current_cgroup_id(void)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	return task->cgroups->dfl_cgrp->kn->id;
 }
 
 static __always_inline void sample_access(struct inflight_read *r, __u64 cgroup_id, __u32 tgid,
@@ -293,19 +359,29 @@ static __always_inline void sample_access(struct inflight_read *r, __u64 cgroup_
 	__u64 *tick = bpf_map_lookup_elem(&sample_tick, &zero);
 	if (!tick)
 		return;
+	/* A countdown, not a modulo: no division per read. */
 	*tick += 1;
-	if (*tick % cfg->sample_every != 0)
+	if (*tick < cfg->sample_every)
 		return;
+	*tick = 0;
 
 	struct sluice_file_access *e = bpf_ringbuf_reserve(&accesses, sizeof(*e), 0);
 	if (!e) {
 		count_lost(0);
 		return;
 	}
+	__s64 offset = r->offset;
+	if (offset < 0) {
+		/* read/readv: the position has moved past what was read. */
+		struct file *f = (struct file *)r->file;
+		offset = BPF_CORE_READ(f, f_pos);
+		if (ret > 0)
+			offset -= ret;
+	}
 	e->ts_ns = now;
 	e->cgroup_id = cgroup_id;
 	e->ino = r->ino;
-	e->offset = r->offset;
+	e->offset = offset;
 	e->ret = ret;
 	e->latency_ns = latency;
 	e->blocked_ns = r->blocked_ns;
@@ -316,18 +392,18 @@ static __always_inline void sample_access(struct inflight_read *r, __u64 cgroup_
 	bpf_ringbuf_submit(e, 0);
 }
 
-static __always_inline int read_exit(struct tp_sys_exit *ctx)
+static __always_inline void read_exit(__s64 ret)
 {
+	struct inflight_read *r =
+		bpf_task_storage_get(&inflight_reads, bpf_get_current_task_btf(), 0, 0);
+	if (!r || !r->active)
+		return;
+	r->active = 0;
 	__u64 id = bpf_get_current_pid_tgid();
-	__u32 tid = (__u32)id;
-	struct inflight_read *r = bpf_map_lookup_elem(&inflight_reads, &tid);
-	if (!r)
-		return 0;
 
 	__u64 now = bpf_ktime_get_ns();
 	__u64 latency = now - r->start_ns;
-	__u64 cgroup_id = bpf_get_current_cgroup_id();
-	__s64 ret = ctx->ret;
+	__u64 cgroup_id = current_cgroup_id();
 
 	struct sluice_read_stats *s = read_stats_for(cgroup_id, r->mount_id);
 	if (s) {
@@ -343,26 +419,7 @@ static __always_inline int read_exit(struct tp_sys_exit *ctx)
 			s->latency_hist[slot] += 1;
 	}
 	sample_access(r, cgroup_id, id >> 32, ret, now, latency);
-	bpf_map_delete_elem(&inflight_reads, &tid);
-	return 0;
 }
-
-SEC("tracepoint/syscalls/sys_enter_read")
-int sys_enter_read(struct tp_sys_enter *ctx) { return read_enter(ctx, SLUICE_READ); }
-SEC("tracepoint/syscalls/sys_exit_read")
-int sys_exit_read(struct tp_sys_exit *ctx) { return read_exit(ctx); }
-SEC("tracepoint/syscalls/sys_enter_pread64")
-int sys_enter_pread64(struct tp_sys_enter *ctx) { return read_enter(ctx, SLUICE_PREAD64); }
-SEC("tracepoint/syscalls/sys_exit_pread64")
-int sys_exit_pread64(struct tp_sys_exit *ctx) { return read_exit(ctx); }
-SEC("tracepoint/syscalls/sys_enter_readv")
-int sys_enter_readv(struct tp_sys_enter *ctx) { return read_enter(ctx, SLUICE_READV); }
-SEC("tracepoint/syscalls/sys_exit_readv")
-int sys_exit_readv(struct tp_sys_exit *ctx) { return read_exit(ctx); }
-SEC("tracepoint/syscalls/sys_enter_preadv")
-int sys_enter_preadv(struct tp_sys_enter *ctx) { return read_enter(ctx, SLUICE_PREADV); }
-SEC("tracepoint/syscalls/sys_exit_preadv")
-int sys_exit_preadv(struct tp_sys_exit *ctx) { return read_exit(ctx); }
 
 /* Match an absolute path against the watched prefixes; returns mount id + 1, or 0. */
 static __always_inline __u32 match_prefix(const char *path)
@@ -393,29 +450,61 @@ static __always_inline __u32 match_prefix(const char *path)
 	return 0;
 }
 
-SEC("tracepoint/syscalls/sys_enter_openat")
-int sys_enter_openat(struct tp_sys_enter *ctx)
+/* Syscall numbers of the calls the probes follow. One BTF tracepoint on sys_enter and one
+ * on sys_exit see every syscall; a perf tracepoint per syscall (syscalls:sys_enter_read...)
+ * would cost each of them a record built in the perf buffer, which is most of what the
+ * probes used to cost a page-cache read. */
+#if defined(__TARGET_ARCH_x86)
+#define NR_read 0
+#define NR_open 2
+#define NR_close 3
+#define NR_pread64 17
+#define NR_readv 19
+#define NR_openat 257
+#define NR_preadv 295
+#define NR_preadv2 327
+#define NR_openat2 437
+#define SYSCALL_ARG(regs, n) ((n) == 0 ? (regs)->di : (n) == 1 ? (regs)->si : (n) == 2 ? (regs)->dx : (regs)->r10)
+#define SYSCALL_NR(regs) ((regs)->orig_ax)
+#elif defined(__TARGET_ARCH_arm64)
+#define NR_read 63
+#define NR_open -1 /* no open(2) on arm64 */
+#define NR_close 57
+#define NR_pread64 67
+#define NR_readv 65
+#define NR_openat 56
+#define NR_preadv 69
+#define NR_preadv2 286
+#define NR_openat2 437
+#define SYSCALL_ARG(regs, n) ((regs)->regs[(n)])
+#define SYSCALL_NR(regs) ((regs)->syscallno)
+#else
+#error "syscall numbers for this architecture are not written down yet"
+#endif
+
+/* Start of an open whose path may match a prefix watch (open(2) names its path in arg 0,
+ * openat and openat2 in arg 1). */
+static __always_inline void open_enter(const char *upath)
 {
 	__u32 zero = 0;
 	struct sluice_prefix *first = bpf_map_lookup_elem(&watched_prefixes, &zero);
 	if (!first || first->len == 0)
-		return 0; /* no prefixes configured: user space fills slots from 0 */
+		return; /* no prefixes configured: user space fills slots from 0 */
 	struct path_buf *buf = bpf_map_lookup_elem(&path_scratch, &zero);
 	if (!buf)
-		return 0;
-	long n = bpf_probe_read_user_str(buf->s, sizeof(buf->s), (const void *)ctx->args[1]);
+		return;
+	long n = bpf_probe_read_user_str(buf->s, sizeof(buf->s), upath);
 	if (n <= 0 || buf->s[0] != '/')
-		return 0; /* relative paths are not matched; watch the mount's s_dev instead */
+		return; /* relative paths are not matched; watch the mount's s_dev instead */
 	__u32 m = match_prefix(buf->s);
 	if (m) {
 		__u32 tid = (__u32)bpf_get_current_pid_tgid();
 		bpf_map_update_elem(&pending_opens, &tid, &m, BPF_ANY);
 	}
-	return 0;
 }
 
-SEC("tracepoint/syscalls/sys_exit_openat")
-int sys_exit_openat(struct tp_sys_exit *ctx)
+/* An open returned `ret`: mark the fd (and the process) when the file is watched. */
+static __always_inline void open_exit(__s64 ret)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tid = (__u32)id, tgid = id >> 32;
@@ -423,63 +512,133 @@ int sys_exit_openat(struct tp_sys_exit *ctx)
 	__u32 by_prefix = pending ? *pending : 0;
 	if (pending)
 		bpf_map_delete_elem(&pending_opens, &tid);
-	if (ctx->ret < 0)
-		return 0;
+	if (ret < 0)
+		return;
 
-	__u32 fd = (__u32)ctx->ret;
+	__u32 fd = (__u32)ret;
 	struct file *f = fd_file(fd);
 	if (!f)
-		return 0;
-	struct sluice_watched_fd w = {
-		.dev = BPF_CORE_READ(f, f_inode, i_sb, s_dev),
-		.ino = BPF_CORE_READ(f, f_inode, i_ino),
-	};
-	struct sluice_watched_dev *wd = bpf_map_lookup_elem(&watched_devs, &w.dev);
-	if (wd)
-		w.mount_id = wd->mount_id;
-	else if (by_prefix)
-		w.mount_id = by_prefix - 1;
-	else
-		return 0;
-
+		return;
 	__u64 key = ((__u64)tgid << 32) | fd;
-	bpf_map_update_elem(&watched_fds, &key, &w, BPF_ANY);
-	if (!wd) {
+	struct fd_mark m;
+	classify(f, &m);
+	if (m.mount_id == NOT_WATCHED && by_prefix) {
+		m.mount_id = by_prefix - 1;
+		/* Remember the open file, so the mark follows it to other fds and processes. */
+		struct sluice_watched_fd w = { .ino = m.ino, .dev = m.dev, .mount_id = m.mount_id };
 		__u64 fkey = (__u64)f;
 		bpf_map_update_elem(&watched_files, &fkey, &w, BPF_ANY);
 	}
-	struct sluice_read_stats *s = read_stats_for(bpf_get_current_cgroup_id(), w.mount_id);
+	if (m.mount_id == NOT_WATCHED) {
+		/* Only watched processes keep marks; theirs must not go stale. */
+		if (bpf_map_lookup_elem(&watched_procs, &tgid))
+			bpf_map_update_elem(&fd_marks, &key, &m, BPF_ANY);
+		return;
+	}
+	mark_proc(tgid);
+	bpf_map_update_elem(&fd_marks, &key, &m, BPF_ANY);
+	struct sluice_read_stats *s = read_stats_for(bpf_get_current_cgroup_id(), m.mount_id);
 	if (s)
 		s->opens += 1;
+}
+
+SEC("tp_btf/sys_enter")
+int BPF_PROG(sys_enter, struct pt_regs *regs, long nr)
+{
+	switch (nr) {
+	case NR_read:
+		read_enter(SYSCALL_ARG(regs, 0), SLUICE_READ, -1);
+		break;
+	case NR_pread64:
+		read_enter(SYSCALL_ARG(regs, 0), SLUICE_PREAD64, SYSCALL_ARG(regs, 3));
+		break;
+	case NR_readv:
+		read_enter(SYSCALL_ARG(regs, 0), SLUICE_READV, -1);
+		break;
+	case NR_preadv:
+	case NR_preadv2: {
+		/* pos_l; pos_h is 0 on 64-bit. preadv2 with offset -1 uses the file position. */
+		__s64 pos = SYSCALL_ARG(regs, 3);
+		read_enter(SYSCALL_ARG(regs, 0), SLUICE_PREADV, pos < 0 ? -1 : pos);
+		break;
+	}
+	case NR_open:
+		open_enter((const char *)SYSCALL_ARG(regs, 0));
+		break;
+	case NR_openat:
+	case NR_openat2:
+		open_enter((const char *)SYSCALL_ARG(regs, 1));
+		break;
+	case NR_close: {
+		__u64 id = bpf_get_current_pid_tgid();
+		__u32 tgid = id >> 32;
+		if (bpf_map_lookup_elem(&watched_procs, &tgid)) {
+			__u64 key = (id & 0xffffffff00000000ULL) | (__u32)SYSCALL_ARG(regs, 0);
+			bpf_map_delete_elem(&fd_marks, &key);
+		}
+		break;
+	}
+	}
 	return 0;
 }
 
-SEC("tracepoint/syscalls/sys_enter_close")
-int sys_enter_close(struct tp_sys_enter *ctx)
+SEC("tp_btf/sys_exit")
+int BPF_PROG(sys_exit, struct pt_regs *regs, long ret)
 {
-	__u64 key = (bpf_get_current_pid_tgid() & 0xffffffff00000000ULL) | (__u32)ctx->args[0];
-	bpf_map_delete_elem(&watched_fds, &key);
+	switch (SYSCALL_NR(regs)) {
+	case NR_read:
+	case NR_pread64:
+	case NR_readv:
+	case NR_preadv:
+	case NR_preadv2:
+		read_exit(ret);
+		break;
+	case NR_open:
+	case NR_openat:
+	case NR_openat2:
+		open_exit(ret);
+		break;
+	}
+	return 0;
+}
+
+/* A child of a watched process may read the files it inherited. */
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(sched_process_fork, struct task_struct *parent, struct task_struct *child)
+{
+	__u32 ptgid = parent->tgid, ctgid = child->tgid;
+	if (ptgid != ctgid && bpf_map_lookup_elem(&watched_procs, &ptgid))
+		mark_proc(ctgid);
+	return 0;
+}
+
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(sched_process_exit, struct task_struct *p)
+{
+	__u32 tgid = p->tgid;
+	if (p->pid == tgid)
+		bpf_map_delete_elem(&watched_procs, &tgid);
 	return 0;
 }
 
 /* Off-CPU time inside a dataset read: from the switch away while not runnable, to the
  * switch back in (so it includes the run-queue wait after the wakeup, which the reader
  * also spends stalled). Preemption of a running reader is not counted. */
-SEC("tracepoint/sched/sched_switch")
-int sched_switch(struct tp_sched_switch *ctx)
+SEC("tp_btf/sched_switch")
+int BPF_PROG(sched_switch, bool preempt, struct task_struct *prev, struct task_struct *next,
+	     unsigned int prev_state)
 {
 	__u64 now = 0;
-	__u32 prev = ctx->prev_pid, next = ctx->next_pid;
 
-	if (ctx->prev_state & TASK_REPORT_BLOCKED) {
-		struct inflight_read *r = bpf_map_lookup_elem(&inflight_reads, &prev);
-		if (r) {
+	if (!preempt && prev_state) {
+		struct inflight_read *r = bpf_task_storage_get(&inflight_reads, prev, 0, 0);
+		if (r && r->active) {
 			now = bpf_ktime_get_ns();
 			r->offcpu_since = now;
 		}
 	}
-	struct inflight_read *r = bpf_map_lookup_elem(&inflight_reads, &next);
-	if (r && r->offcpu_since) {
+	struct inflight_read *r = bpf_task_storage_get(&inflight_reads, next, 0, 0);
+	if (r && r->active && r->offcpu_since) {
 		if (!now)
 			now = bpf_ktime_get_ns();
 		r->blocked_ns += now - r->offcpu_since;

@@ -68,7 +68,8 @@ struct sluice_prefix {
 	char path[SLUICE_PREFIX_LEN];
 };
 
-/* A watched open file (value of watched_fds, keyed by tgid << 32 | fd). */
+/* A file marked by a prefix watch at its open (value of watched_files, keyed by its
+ * struct file *). */
 struct sluice_watched_fd {
 	__u64 ino;
 	__u32 dev;

@@ -15,5 +15,7 @@ mod stamp;
 mod stats;
 
 pub use abi::HIST_SLOTS;
-pub use probes::{OPTIONAL_CATEGORIES, ProbeConfig, ProbeError, Probes, TRACEPOINTS, WatchedPath};
+pub use probes::{
+    BTF_TRACEPOINTS, OPTIONAL_CATEGORIES, ProbeConfig, ProbeError, Probes, TRACEPOINTS, WatchedPath,
+};
 pub use stats::{CgroupReadStats, FileAccess, FuseOpStats, LatencyHistogram, ReadKind};

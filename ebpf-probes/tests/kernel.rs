@@ -178,10 +178,11 @@ fn probes_load_attach_and_detach_leaving_nothing_behind() {
         eprintln!("this kernel lacks {:?}", probes.unavailable());
     }
     let ids = probes.program_ids();
-    let expected = sluice_ebpf_probes::TRACEPOINTS
-        .iter()
-        .filter(|t| !skipped.contains(&t.1))
-        .count();
+    let expected = sluice_ebpf_probes::BTF_TRACEPOINTS.len()
+        + sluice_ebpf_probes::TRACEPOINTS
+            .iter()
+            .filter(|t| !skipped.contains(&t.1))
+            .count();
     assert_eq!(ids.len(), expected, "one program per available tracepoint");
     let loaded = loaded_program_ids();
     assert!(
@@ -298,6 +299,55 @@ fn watched_reads_are_counted_under_the_readers_cgroup_and_unwatched_ones_are_not
         matches!(&info.workload, Workload::Pod { uid, .. } if *uid == reader.uid),
         "{info:?}"
     );
+}
+
+/// An agent restarted under a running job: the job opened its files before the probes
+/// loaded. Its reads still count, in the process itself and in children it forks.
+#[test]
+fn files_opened_before_the_probes_loaded_are_counted() {
+    let Some(_serial) = privileged() else { return };
+    let mount = Tmpfs::mount();
+    let (a, b) = (mount.path().join("a.bin"), mount.path().join("b.bin"));
+    write_file(&a, 300_000);
+    write_file(&b, 200_000);
+    let go = tempfile::tempdir().unwrap();
+    let fifo = go.path().join("go");
+    run(Command::new("mkfifo").arg(&fifo));
+
+    let cg = TestCgroup::new("before");
+    // fd 3 is read by a forked dd, fd 4 by the shell itself after exec.
+    let mut job = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "echo $$ > {procs} && exec 3< {a} 4< {b} && read go < {fifo} && \
+             dd of=/dev/null bs=65536 status=none <&3 && exec dd of=/dev/null bs=65536 status=none <&4",
+            procs = cg.dirs[0].join("cgroup.procs").display(),
+            a = a.display(),
+            b = b.display(),
+            fifo = fifo.display(),
+        ))
+        .spawn()
+        .unwrap();
+    let fd4 = PathBuf::from(format!("/proc/{}/fd/4", job.id()));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::read_link(&fd4).ok().as_deref() != Some(b.as_path()) {
+        assert!(Instant::now() < deadline, "the job never opened its files");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+
+    let probes =
+        Probes::load(ProbeConfig::default().watch_filesystem(mount.path())).expect("probes load");
+    std::fs::write(&fifo, b"go\n").unwrap();
+    assert!(job.wait().unwrap().success());
+
+    let snapshot = probes.snapshot().unwrap();
+    let mine = stats_of(&snapshot, cg.id());
+    assert_eq!(mine.len(), 1, "{snapshot:#?}");
+    assert_eq!(
+        mine[0].bytes, 500_000,
+        "both files, read after the probes loaded"
+    );
+    assert_eq!(mine[0].opens, 0, "opened before the probes loaded");
 }
 
 #[test]
