@@ -971,7 +971,11 @@ fn replace_section(doc: &str, heading: &str, section: &str) -> String {
         .map_or(doc.len(), |i| start + heading.len() + i + 1);
     let rest = &doc[end..];
     // A following section keeps its blank line.
-    let gap = if rest.is_empty() || section.ends_with("\n\n") { "" } else { "\n" };
+    let gap = if rest.is_empty() || section.ends_with("\n\n") {
+        ""
+    } else {
+        "\n"
+    };
     format!("{}{}{gap}{}", &doc[..start], section, rest)
 }
 
