@@ -261,6 +261,40 @@ impl Dataset {
     }
 
     /// Counts `n` bytes handed to a reader from `origin`.
+    /// The bytes of a read if its one block is already in memory (the recent blocks or the
+    /// cache's memory tier): no I/O and no await, so the FUSE thread can answer a warm read
+    /// itself instead of handing it to a reader thread and back. `None`: use [`Self::read`].
+    pub fn read_from_memory(
+        &self,
+        mount: usize,
+        object: &ObjectInfo,
+        offset: u64,
+        len: u64,
+    ) -> Option<Bytes> {
+        let end = (offset + len).min(object.size);
+        if offset >= end {
+            return Some(Bytes::new());
+        }
+        let index = offset / self.block_size;
+        if (end - 1) / self.block_size != index {
+            return None;
+        }
+        let key = self.block_key(mount, object, index);
+        let (block, origin) = match self.recent.get(&key) {
+            // Counted as in `block`: uncached bytes stay the source's.
+            Some((value, Origin::Fetch)) => (value, Origin::Fetch),
+            Some((value, _)) => (value, Origin::Memory),
+            None => (self.cache.get_memory(&key)?, Origin::Memory),
+        };
+        let range = self.block_range(object, index);
+        if block.len() as u64 != range.end - range.start {
+            return None; // `read` reports it
+        }
+        let base = index * self.block_size;
+        self.count(origin, (end - offset) as usize);
+        Some(block.slice((offset - base) as usize..(end - base) as usize))
+    }
+
     fn count(&self, origin: Origin, n: usize) {
         let counter = match origin {
             Origin::Memory => &self.served.memory,

@@ -360,6 +360,12 @@ impl Partition {
     pub async fn insert(&self, key: Key, value: Bytes) -> Result<(), InsertError> {
         crate::insert(self, key, value).await
     }
+    /// The value if the memory tier holds it, without I/O or awaiting: for callers that can
+    /// answer a hit on their own thread and hand only misses to an async reader. A hit is
+    /// counted as one; an absent key counts nothing (the caller's `get` will).
+    pub fn get_memory(&self, key: &Key) -> Option<Bytes> {
+        crate::get_memory(self, key)
+    }
     /// The cached value, or runs `fetch` once however many callers miss on `key` at the same
     /// time, admits its result (if the policy allows) and returns it to all of them.
     pub async fn get_or_fetch<F, Fut, E>(&self, key: Key, fetch: F) -> Result<Lookup, Arc<E>>

@@ -507,6 +507,13 @@ pub(crate) async fn get(p: &Partition, key: &Key) -> Option<Lookup> {
     lookup(p, key, true).await
 }
 
+pub(crate) fn get_memory(p: &Partition, key: &Key) -> Option<Bytes> {
+    let inner = &p.cache.inner;
+    let value = inner.memory.get(key, false)?;
+    inner.part(p.id).hits_memory.fetch_add(1, Relaxed);
+    Some(value)
+}
+
 /// A lookup; `count_miss` false for a repeated lookup of a key whose miss was already
 /// counted (get_or_fetch re-checks after taking the lead), so that one read counts as one
 /// miss in the partition's and tiers' counters (the agent's hit ratio is computed from them).

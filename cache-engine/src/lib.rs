@@ -24,6 +24,6 @@ mod segment;
 pub use api::*;
 
 pub(crate) use engine::{
-    Inner, close, contains, engine_choice, get, get_or_fetch, insert, open, partition,
+    Inner, close, contains, engine_choice, get, get_memory, get_or_fetch, insert, open, partition,
     partition_stats, remove, set_memory_capacity, stats,
 };

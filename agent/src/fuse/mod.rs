@@ -206,23 +206,33 @@ impl Filesystem for DatasetFs {
             });
             return;
         };
-        let ds = self.dataset.clone();
-        let metrics = self.metrics.clone();
-        let stalls = self.stalls.clone();
         let pid = req.pid();
-        let t = tree.clone();
-        self.pool.spawn(move || async move {
-            let obj = t.object(mount, object);
-            match ds.read(mount, obj, offset, size as u64).await {
-                Ok(bytes) => reply.data(&bytes),
-                Err(e) => {
-                    tracing::error!(dataset = %ds.name, path = %t.path_of(ino.0), cause = %e, "read failed: EIO");
-                    reply.error(Errno::EIO);
+        if let Some(bytes) =
+            self.dataset
+                .read_from_memory(mount, tree.object(mount, object), offset, size as u64)
+        {
+            // A warm read: answered here, without two thread hand-offs.
+            reply.data(&bytes);
+            self.metrics.fuse_op("read", start);
+            self.stalls.record(pid, start.elapsed());
+        } else {
+            let ds = self.dataset.clone();
+            let metrics = self.metrics.clone();
+            let stalls = self.stalls.clone();
+            let t = tree.clone();
+            self.pool.spawn(move || async move {
+                let obj = t.object(mount, object);
+                match ds.read(mount, obj, offset, size as u64).await {
+                    Ok(bytes) => reply.data(&bytes),
+                    Err(e) => {
+                        tracing::error!(dataset = %ds.name, path = %t.path_of(ino.0), cause = %e, "read failed: EIO");
+                        reply.error(Errno::EIO);
+                    }
                 }
-            }
-            metrics.fuse_op("read", start);
-            stalls.record(pid, start.elapsed());
-        });
+                metrics.fuse_op("read", start);
+                stalls.record(pid, start.elapsed());
+            });
+        }
 
         // A handle opened by a previous agent is unknown there: its state starts fresh.
         if let Some(p) = &self.prefetch {
