@@ -215,14 +215,8 @@ impl Dataset {
         index: u64,
     ) -> Result<(Bytes, Origin), ReadError> {
         let key = self.block_key(mount, object, index);
-        if let Some((value, origin)) = self.recent.get(&key) {
-            // Bytes the cache holds count as memory hits now; uncached ones stay the source's.
-            let origin = if origin == Origin::Fetch {
-                Origin::Fetch
-            } else {
-                Origin::Memory
-            };
-            return Ok((value, origin));
+        if let Some(hit) = self.recent_block(&key) {
+            return Ok(hit);
         }
         let range = self.block_range(object, index);
         let want = range.end - range.start;
@@ -260,7 +254,18 @@ impl Dataset {
         Ok((lookup.value, lookup.origin))
     }
 
-    /// Counts `n` bytes handed to a reader from `origin`.
+    /// A block kept in the recent blocks, with the origin its bytes count under: the cache's
+    /// blocks count as memory hits now; uncached ones stay the source's.
+    fn recent_block(&self, key: &Key) -> Option<(Bytes, Origin)> {
+        let (value, origin) = self.recent.get(key)?;
+        let origin = if origin == Origin::Fetch {
+            Origin::Fetch
+        } else {
+            Origin::Memory
+        };
+        Some((value, origin))
+    }
+
     /// The bytes of a read if its one block is already in memory (the recent blocks or the
     /// cache's memory tier): no I/O and no await, so the FUSE thread can answer a warm read
     /// itself instead of handing it to a reader thread and back. `None`: use [`Self::read`].
@@ -280,10 +285,8 @@ impl Dataset {
             return None;
         }
         let key = self.block_key(mount, object, index);
-        let (block, origin) = match self.recent.get(&key) {
-            // Counted as in `block`: uncached bytes stay the source's.
-            Some((value, Origin::Fetch)) => (value, Origin::Fetch),
-            Some((value, _)) => (value, Origin::Memory),
+        let (block, origin) = match self.recent_block(&key) {
+            Some(hit) => hit,
             None => (self.cache.get_memory(&key)?, Origin::Memory),
         };
         let range = self.block_range(object, index);
@@ -295,6 +298,7 @@ impl Dataset {
         Some(block.slice((offset - base) as usize..(end - base) as usize))
     }
 
+    /// Counts `n` bytes handed to a reader from `origin`.
     fn count(&self, origin: Origin, n: usize) {
         let counter = match origin {
             Origin::Memory => &self.served.memory,
