@@ -133,6 +133,35 @@ impl Env {
         self.dir.path().join("data").join(rel)
     }
 
+    /// Serves mount `m` from `url` (an `s3://bucket/prefix`) on `endpoint` instead of the
+    /// generated directory, the keys given as secret files.
+    pub fn use_s3(&self, url: &str, endpoint: &str, access_key: &str, secret_key: &str) {
+        let d = self.dir.path();
+        std::fs::write(d.join("ak"), access_key).unwrap();
+        std::fs::write(d.join("sk"), secret_key).unwrap();
+        let config = std::fs::read_to_string(self.config()).unwrap();
+        let file_mount = config.lines().last().unwrap().to_string();
+        let s3_mount = format!(
+            "    - mountPoint: {url}\n      name: m\n      options: {{ endpoint: \"{endpoint}\", region: us-east-1 }}\n      secretRefs:\n        - {{ key: accessKeyId, file: {} }}\n        - {{ key: secretAccessKey, file: {} }}",
+            d.join("ak").display(),
+            d.join("sk").display()
+        );
+        std::fs::write(self.config(), config.replace(&file_mount, &s3_mount)).unwrap();
+    }
+
+    /// Exposes metrics on `127.0.0.1:metrics_port` and adds `settings` (YAML lines indented
+    /// by two spaces) to the `agent` section.
+    pub fn agent_settings(&self, metrics_port: u16, settings: &str) {
+        let config = std::fs::read_to_string(self.config())
+            .unwrap()
+            .replace(
+                "  metricsAddr: \"\"\n",
+                &format!("  metricsAddr: 127.0.0.1:{metrics_port}\n"),
+            )
+            .replacen("agent:\n", &format!("agent:\n{settings}"), 1);
+        std::fs::write(self.config(), config).unwrap();
+    }
+
     /// Starts `sluice agent` and waits until its admin API answers.
     pub fn start_agent(&mut self) -> &mut Child {
         let n = self.started;

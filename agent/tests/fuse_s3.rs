@@ -22,18 +22,12 @@ async fn s3_dataset_reads_back_byte_exact_through_fuse() {
         )
         .await;
     }
-    let d = env.dir.path();
-    std::fs::write(d.join("ak"), s3.access_key()).unwrap();
-    std::fs::write(d.join("sk"), s3.secret_key()).unwrap();
-    let config = std::fs::read_to_string(env.config()).unwrap();
-    let file_mount = config.lines().last().unwrap().to_string();
-    let s3_mount = format!(
-        "    - mountPoint: s3://train/imagenet\n      name: m\n      options: {{ endpoint: \"{}\", region: us-east-1 }}\n      secretRefs:\n        - {{ key: accessKeyId, file: {} }}\n        - {{ key: secretAccessKey, file: {} }}",
-        s3.endpoint(),
-        d.join("ak").display(),
-        d.join("sk").display()
+    env.use_s3(
+        "s3://train/imagenet",
+        &s3.endpoint(),
+        s3.access_key(),
+        s3.secret_key(),
     );
-    std::fs::write(env.config(), config.replace(&file_mount, &s3_mount)).unwrap();
 
     tokio::task::block_in_place(|| {
         env.start_agent();

@@ -40,26 +40,14 @@ const ON_LOW: &str = "  prefetch: { enabled: true, concurrency: 2 }\n  autoscale
 /// scans every shard in order, and returns the reader's blocked time.
 async fn arm(s3: &SeaweedFs, proxy: &StallProxy, switches: &str) -> Arm {
     let mut env = Env::new(0, &[SHARD; SHARDS], "4MiB");
-    let d = env.dir.path().to_path_buf();
-    std::fs::write(d.join("ak"), s3.access_key()).unwrap();
-    std::fs::write(d.join("sk"), s3.secret_key()).unwrap();
-    let config = std::fs::read_to_string(env.config()).unwrap();
-    let file_mount = config.lines().last().unwrap().to_string();
-    let s3_mount = format!(
-        "    - mountPoint: s3://train/scan\n      name: m\n      options: {{ endpoint: \"{}\", region: us-east-1 }}\n      secretRefs:\n        - {{ key: accessKeyId, file: {} }}\n        - {{ key: secretAccessKey, file: {} }}",
-        proxy.endpoint(),
-        d.join("ak").display(),
-        d.join("sk").display()
+    env.use_s3(
+        "s3://train/scan",
+        &proxy.endpoint(),
+        s3.access_key(),
+        s3.secret_key(),
     );
     let metrics_port = support::free_port();
-    let config = config
-        .replace(&file_mount, &s3_mount)
-        .replace(
-            "  metricsAddr: \"\"\n",
-            &format!("  metricsAddr: 127.0.0.1:{metrics_port}\n"),
-        )
-        .replacen("agent:\n", &format!("agent:\n{switches}"), 1);
-    std::fs::write(env.config(), config).unwrap();
+    env.agent_settings(metrics_port, switches);
 
     tokio::task::block_in_place(|| {
         env.start_agent();

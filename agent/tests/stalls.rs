@@ -202,28 +202,17 @@ fn workload<'a>(report: &'a serde_json::Value, uid: &str) -> Option<&'a serde_js
 /// Writes the agent config: the dataset `ds` over `endpoint` (bucket `train`, prefix
 /// `imagenet`), no prefetch, quick ticks, every read sampled, pod names from `pods`.
 fn configure(env: &Env, s3: &SeaweedFs, endpoint: &str, pods: &Path, metrics_port: u16) {
-    let d = env.dir.path();
-    std::fs::write(d.join("ak"), s3.access_key()).unwrap();
-    std::fs::write(d.join("sk"), s3.secret_key()).unwrap();
-    let config = std::fs::read_to_string(env.config()).unwrap();
-    let file_mount = config.lines().last().unwrap().to_string();
-    let s3_mount = format!(
-        "    - mountPoint: s3://train/imagenet\n      name: m\n      options: {{ endpoint: \"{endpoint}\", region: us-east-1 }}\n      secretRefs:\n        - {{ key: accessKeyId, file: {} }}\n        - {{ key: secretAccessKey, file: {} }}",
-        d.join("ak").display(),
-        d.join("sk").display()
+    env.use_s3(
+        "s3://train/imagenet",
+        endpoint,
+        s3.access_key(),
+        s3.secret_key(),
     );
     let switches = format!(
         "  prefetch: {{ enabled: false }}\n  autoscale: {{ enabled: false }}\n  stalls: {{ tickMillis: 250, sampleEvery: 1, episodeLogSecs: 1, podLogDir: {} }}\n",
         pods.display()
     );
-    let config = config
-        .replace(&file_mount, &s3_mount)
-        .replace(
-            "  metricsAddr: \"\"\n",
-            &format!("  metricsAddr: 127.0.0.1:{metrics_port}\n"),
-        )
-        .replacen("agent:\n", &format!("agent:\n{switches}"), 1);
-    std::fs::write(env.config(), config).unwrap();
+    env.agent_settings(metrics_port, &switches);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
