@@ -102,7 +102,7 @@ struct {
  * nothing to leak when a thread dies inside a read. */
 struct inflight_read {
 	__u64 active;       /* 1 between the read's entry and exit */
-	__u64 start_ns;
+	__u64 start_ns;     /* 0: this read is not timed */
 	__u64 offcpu_since; /* 0 while on CPU */
 	__u64 blocked_ns;
 	__u64 ino;
@@ -121,6 +121,8 @@ struct inflight_read {
 	__u64 last_ino;
 	__u32 last_dev;
 	__u32 last_mount_id;
+	__u32 time_tick;    /* countdown to the next timed read */
+	__u32 sampled;      /* this read goes to the ring buffer at its exit */
 };
 
 struct {
@@ -291,6 +293,34 @@ static __always_inline void mark_proc(__u32 tgid)
 		count_lost(1);
 }
 
+/* Whether this read goes to the ring buffer: 1 in sample_every per CPU, a countdown (no
+ * division per read). */
+static __always_inline __u32 sample_due(struct sluice_config *cfg)
+{
+	if (cfg->sample_every == 0)
+		return 0;
+	__u32 zero = 0;
+	__u64 *tick = bpf_map_lookup_elem(&sample_tick, &zero);
+	if (!tick)
+		return 0;
+	*tick += 1;
+	if (*tick < cfg->sample_every)
+		return 0;
+	*tick = 0;
+	return 1;
+}
+
+/* Whether this read is timed: 1 in time_every per thread. */
+static __always_inline __u32 time_due(struct inflight_read *r, struct sluice_config *cfg)
+{
+	if (r->time_tick > 1) {
+		r->time_tick -= 1;
+		return 0;
+	}
+	r->time_tick = cfg->time_every;
+	return 1;
+}
+
 static __always_inline void read_enter(__u32 fd, __u32 kind, __s64 pos)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
@@ -338,7 +368,16 @@ static __always_inline void read_enter(__u32 fd, __u32 kind, __s64 pos)
 	r->kind = kind;
 	r->offcpu_since = 0;
 	r->blocked_ns = 0;
-	r->start_ns = bpf_ktime_get_ns();
+	/* Reading the clock twice is the largest part of what the probes add to a page-cache
+	 * read, so only 1 in time_every reads per thread (and every sampled one) is timed: the
+	 * latency histogram is built from an unbiased sample. Blocked time does not need
+	 * this: sched_switch reads the clock only when a read actually blocks. */
+	__u32 zero = 0;
+	struct sluice_config *cfg = bpf_map_lookup_elem(&config, &zero);
+	r->sampled = cfg ? sample_due(cfg) : 0;
+	r->start_ns = 0;
+	if (r->sampled || (cfg && time_due(r, cfg)))
+		r->start_ns = bpf_ktime_get_ns();
 	r->active = 1;
 }
 
@@ -352,19 +391,6 @@ static __always_inline __u64 current_cgroup_id(void)
 static __always_inline void sample_access(struct inflight_read *r, __u64 cgroup_id, __u32 tgid,
 					  __s64 ret, __u64 now, __u64 latency)
 {
-	__u32 zero = 0;
-	struct sluice_config *cfg = bpf_map_lookup_elem(&config, &zero);
-	if (!cfg || cfg->sample_every == 0)
-		return;
-	__u64 *tick = bpf_map_lookup_elem(&sample_tick, &zero);
-	if (!tick)
-		return;
-	/* A countdown, not a modulo: no division per read. */
-	*tick += 1;
-	if (*tick < cfg->sample_every)
-		return;
-	*tick = 0;
-
 	struct sluice_file_access *e = bpf_ringbuf_reserve(&accesses, sizeof(*e), 0);
 	if (!e) {
 		count_lost(0);
@@ -399,10 +425,12 @@ static __always_inline void read_exit(__s64 ret)
 	if (!r || !r->active)
 		return;
 	r->active = 0;
-	__u64 id = bpf_get_current_pid_tgid();
 
-	__u64 now = bpf_ktime_get_ns();
-	__u64 latency = now - r->start_ns;
+	__u64 now = 0, latency = 0;
+	if (r->start_ns) {
+		now = bpf_ktime_get_ns();
+		latency = now - r->start_ns;
+	}
 	__u64 cgroup_id = current_cgroup_id();
 
 	struct sluice_read_stats *s = read_stats_for(cgroup_id, r->mount_id);
@@ -412,13 +440,17 @@ static __always_inline void read_exit(__s64 ret)
 			s->bytes += ret;
 		else
 			s->errors += 1;
-		s->latency_ns += latency;
 		s->blocked_ns += r->blocked_ns;
-		__u32 slot = log2_slot(latency);
-		if (slot < SLUICE_HIST_SLOTS)
-			s->latency_hist[slot] += 1;
+		if (r->start_ns) {
+			s->timed_calls += 1;
+			s->latency_ns += latency;
+			__u32 slot = log2_slot(latency);
+			if (slot < SLUICE_HIST_SLOTS)
+				s->latency_hist[slot] += 1;
+		}
 	}
-	sample_access(r, cgroup_id, id >> 32, ret, now, latency);
+	if (r->sampled)
+		sample_access(r, cgroup_id, bpf_get_current_pid_tgid() >> 32, ret, now, latency);
 }
 
 /* Match an absolute path against the watched prefixes; returns mount id + 1, or 0. */

@@ -30,13 +30,14 @@ struct sluice_read_stats {
 	__u64 calls;              /* read/pread64/readv/preadv calls on watched files */
 	__u64 bytes;              /* bytes returned by those calls */
 	__u64 errors;             /* calls that returned an error */
-	__u64 latency_ns;         /* sum of syscall wall time */
+	__u64 timed_calls;        /* calls whose wall time was measured (1 in time_every) */
+	__u64 latency_ns;         /* sum of the timed calls' wall time */
 	__u64 blocked_ns;         /* sum of off-CPU (blocked) time inside those calls */
 	__u64 page_cache_misses;  /* pages of watched files added to the page cache */
 	__u64 uring_reads;        /* io_uring read completions on watched files */
 	__u64 uring_bytes;
 	__u64 uring_latency_ns;   /* submit -> complete */
-	__u64 latency_hist[SLUICE_HIST_SLOTS];
+	__u64 latency_hist[SLUICE_HIST_SLOTS]; /* of the timed calls */
 };
 
 /* Key of the FUSE request latency counters. */
@@ -79,7 +80,7 @@ struct sluice_watched_fd {
 /* Tunables written by user space into the one-slot config array. */
 struct sluice_config {
 	__u32 sample_every;       /* emit 1 of every N dataset reads; 0 = none */
-	__u32 _pad;
+	__u32 time_every;         /* time 1 of every N dataset reads per thread; 0 or 1 = all */
 };
 
 /* A sampled dataset read, sent through the ring buffer. */
@@ -89,7 +90,7 @@ struct sluice_file_access {
 	__u64 ino;
 	__s64 offset;             /* file offset the read started at */
 	__s64 ret;                /* bytes read, or -errno */
-	__u64 latency_ns;
+	__u64 latency_ns;         /* sampled reads are always timed */
 	__u64 blocked_ns;
 	__u32 dev;
 	__u32 mount_id;

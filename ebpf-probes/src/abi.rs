@@ -25,6 +25,7 @@ pub(crate) struct ReadStats {
     pub calls: u64,
     pub bytes: u64,
     pub errors: u64,
+    pub timed_calls: u64,
     pub latency_ns: u64,
     pub blocked_ns: u64,
     pub page_cache_misses: u64,
@@ -71,7 +72,7 @@ pub(crate) struct Prefix {
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Config {
     pub sample_every: u32,
-    pub _pad: u32,
+    pub time_every: u32,
 }
 
 #[repr(C)]
@@ -92,7 +93,7 @@ pub(crate) struct RawFileAccess {
 
 const _: () = {
     assert!(size_of::<ReadKey>() == 16);
-    assert!(size_of::<ReadStats>() == 8 * (10 + HIST_SLOTS));
+    assert!(size_of::<ReadStats>() == 8 * (11 + HIST_SLOTS));
     assert!(size_of::<FuseKey>() == 16);
     assert!(size_of::<FuseStats>() == 8 * (4 + HIST_SLOTS));
     assert!(size_of::<WatchedDev>() == 8);

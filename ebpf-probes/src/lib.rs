@@ -6,15 +6,18 @@
 //! - [`Probes::snapshot`] reads the per-cgroup, per-mount counters ([`CgroupReadStats`]);
 //!   [`Probes::drain_accesses`] the sampled [`FileAccess`] stream.
 //! - [`cgroup`] names a cgroup id: Kubernetes pod, systemd unit or plain cgroup.
+//! - [`EmptySyscallHooks`] is the floor benchmarks measure the probes against.
 
 mod abi;
 pub mod cgroup;
+mod floor;
 mod probes;
 #[cfg(test)]
 mod stamp;
 mod stats;
 
 pub use abi::HIST_SLOTS;
+pub use floor::EmptySyscallHooks;
 pub use probes::{
     BTF_TRACEPOINTS, OPTIONAL_CATEGORIES, ProbeConfig, ProbeError, Probes, TRACEPOINTS, WatchedPath,
 };

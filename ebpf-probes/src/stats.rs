@@ -84,7 +84,10 @@ pub struct CgroupReadStats {
     pub bytes: u64,
     /// Calls that failed.
     pub errors: u64,
-    /// Sum of the calls' wall time.
+    /// Calls whose wall time was measured: 1 in [`crate::ProbeConfig::time_every`] per
+    /// thread, an unbiased sample. `latency_ns` and `latency` cover these calls only.
+    pub timed_calls: u64,
+    /// Sum of the timed calls' wall time.
     pub latency_ns: u64,
     /// Time the calling threads spent off-CPU, not runnable, inside those calls: the stall.
     pub blocked_ns: u64,
@@ -96,7 +99,7 @@ pub struct CgroupReadStats {
     pub uring_bytes: u64,
     /// Sum of io_uring submit → complete latency.
     pub uring_latency_ns: u64,
-    /// Distribution of read syscall latency.
+    /// Distribution of read syscall latency (of the timed calls).
     pub latency: LatencyHistogram,
     /// FUSE requests sent by this cgroup to this mount, per opcode.
     pub fuse: Vec<FuseOpStats>,
@@ -117,6 +120,7 @@ pub(crate) fn merge(
             s.calls += v.calls;
             s.bytes += v.bytes;
             s.errors += v.errors;
+            s.timed_calls += v.timed_calls;
             s.latency_ns += v.latency_ns;
             s.blocked_ns += v.blocked_ns;
             s.page_cache_misses += v.page_cache_misses;
@@ -197,7 +201,7 @@ pub struct FileAccess {
     pub size: u64,
     /// `Some(errno)` when the call failed.
     pub error: Option<i32>,
-    /// Wall time of the call.
+    /// Wall time of the call (sampled reads are always timed).
     pub latency_ns: u64,
     /// Off-CPU time inside the call.
     pub blocked_ns: u64,

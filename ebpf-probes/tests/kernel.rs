@@ -262,6 +262,7 @@ fn watched_reads_are_counted_under_the_readers_cgroup_and_unwatched_ones_are_not
     );
     assert_eq!(s.opens, 1);
     assert_eq!(s.errors, 0);
+    assert_eq!(s.timed_calls, s.calls, "sampled reads are always timed");
     assert_eq!(s.latency.count(), s.calls);
     assert!(
         stats_of(&snapshot, other.id()).is_empty(),
@@ -303,6 +304,68 @@ fn watched_reads_are_counted_under_the_readers_cgroup_and_unwatched_ones_are_not
 
 /// An agent restarted under a running job: the job opened its files before the probes
 /// loaded. Its reads still count, in the process itself and in children it forks.
+fn loaded_program_names() -> Vec<String> {
+    aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .filter_map(|p| p.name_as_str().map(str::to_owned))
+        .collect()
+}
+
+#[test]
+fn the_benchmarks_empty_syscall_hooks_attach_and_detach() {
+    let Some(_serial) = privileged() else { return };
+    let count = || {
+        loaded_program_names()
+            .iter()
+            .filter(|n| n.starts_with("floor_sys_"))
+            .count()
+    };
+    let before = count();
+    let hooks = sluice_ebpf_probes::EmptySyscallHooks::attach().expect("empty hooks attach");
+    assert_eq!(count(), before + 2, "both empty programs loaded");
+    drop(hooks);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while count() != before {
+        assert!(
+            Instant::now() < deadline,
+            "empty programs still loaded after drop"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn one_in_time_every_reads_of_a_thread_is_timed() {
+    let Some(_serial) = privileged() else { return };
+    let mount = Tmpfs::mount();
+    let file = mount.path().join("shard.tar");
+    let blocks = 37;
+    write_file(&file, blocks * 4096);
+    let probes = Probes::load(
+        ProbeConfig::default()
+            .watch_filesystem(mount.path())
+            .sample_every(0)
+            .time_every(4),
+    )
+    .expect("probes load");
+    let cg = TestCgroup::new("timed");
+    cg.sh(&format!(
+        "exec dd if={} of=/dev/null bs=4096 status=none",
+        file.display()
+    ));
+    let snapshot = probes.snapshot().unwrap();
+    let mine = stats_of(&snapshot, cg.id());
+    assert_eq!(mine.len(), 1, "{snapshot:#?}");
+    let s = mine[0];
+    let calls = blocks as u64 + 1; // and the EOF read
+    assert_eq!(s.calls, calls, "every read is counted");
+    assert_eq!(s.bytes, (blocks * 4096) as u64);
+    // dd reads on one thread: its 1st, 5th, 9th... reads are timed.
+    assert_eq!(s.timed_calls, calls.div_ceil(4), "{s:#?}");
+    assert_eq!(s.latency.count(), s.timed_calls);
+    assert!(s.latency_ns > 0);
+}
+
 #[test]
 fn files_opened_before_the_probes_loaded_are_counted() {
     let Some(_serial) = privileged() else { return };
@@ -395,7 +458,8 @@ fn time_blocked_in_a_fifo_read_matches_what_the_reader_measured() {
     let probes = Probes::load(
         ProbeConfig::default()
             .watch_filesystem(mount.path())
-            .sample_every(0),
+            .sample_every(0)
+            .time_every(1),
     )
     .expect("probes load");
 
@@ -631,8 +695,12 @@ fn reads_through_a_fuse_mount_report_fuse_latency_per_opcode() {
         eprintln!("skipped: could not mount a FUSE filesystem with rclone");
         return;
     };
-    let probes =
-        Probes::load(ProbeConfig::default().watch_filesystem(fuse.path())).expect("probes load");
+    let probes = Probes::load(
+        ProbeConfig::default()
+            .watch_filesystem(fuse.path())
+            .time_every(1),
+    )
+    .expect("probes load");
     if !probes.unavailable().is_empty() {
         eprintln!("skipped: this kernel lacks {:?}", probes.unavailable());
         return;
