@@ -107,6 +107,9 @@ pub struct StallsConfig {
     pub tick_millis: u64,
     /// 1 in this many dataset reads is sampled (to find the files waited on).
     pub sample_every: u32,
+    /// 1 in this many dataset reads of each thread is timed for the latency histogram
+    /// (1: every read); stall time is measured on every read regardless.
+    pub time_every: u32,
     /// A tick in which a workload waited at least this share of the wall time is part of
     /// a stall episode.
     pub episode_min_ratio: f64,
@@ -123,6 +126,7 @@ impl Default for StallsConfig {
             watch_prefixes: Vec::new(),
             tick_millis: 1000,
             sample_every: 16,
+            time_every: 8,
             episode_min_ratio: 0.1,
             episode_log_secs: 30,
             pod_log_dir: PathBuf::from("/var/log/pods"),

@@ -61,7 +61,9 @@ pub async fn start(
         ..Default::default()
     }));
     let mut watches = Vec::new();
-    let mut probe_config = ProbeConfig::default().sample_every(config.sample_every);
+    let mut probe_config = ProbeConfig::default()
+        .sample_every(config.sample_every)
+        .time_every(config.time_every);
     let mut by_mount = Vec::new();
     let mut watched = Vec::new();
     for d in &datasets {

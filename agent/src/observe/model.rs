@@ -197,6 +197,7 @@ pub fn delta(cur: &CgroupReadStats, prev: Option<&CgroupReadStats>) -> CgroupRea
         calls: cur.calls - p.calls,
         bytes: cur.bytes - p.bytes,
         errors: cur.errors.saturating_sub(p.errors),
+        timed_calls: cur.timed_calls.saturating_sub(p.timed_calls),
         latency_ns: cur.latency_ns - p.latency_ns,
         blocked_ns: cur.blocked_ns - p.blocked_ns,
         page_cache_misses: cur.page_cache_misses - p.page_cache_misses,
