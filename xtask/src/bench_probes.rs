@@ -1,10 +1,14 @@
 //! `cargo xtask bench probes`: what the eBPF stall probes cost.
 //!
-//! In one run, alternating rounds with the probes attached and detached (ABBA order, the
-//! median round of each side), it measures:
+//! In one run, in rounds that each measure three states in a rotating order (the median
+//! round of each state is reported): the probes attached; nothing attached; and, as the
+//! floor, empty programs on the same per-syscall hooks ([`EmptySyscallHooks`]), which is
+//! the least any design that follows every read(2) on the node costs. It measures:
 //! - fio, 4 KiB random reads with psync from the page cache, several jobs, on a tmpfs the
 //!   probes watch (every read is a dataset read: counted, histogrammed, sampled) and on
 //!   one they do not watch (every read still passes the syscall tracepoints);
+//! - the same reads from one process pinned to one CPU (`xtask pread-loop`), in ns per
+//!   read, the fastest of three processes: finer than fio's rate on a shared machine;
 //! - the warm epoch of the epoch benchmark (random order, 8 readers) through a real
 //!   `sluice agent` over a generated ImageNet-like dataset (file:// source; the warm epoch
 //!   is served from the agent's memory tier, the page cache dropped before each round).
@@ -22,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use serde_json::json;
-use sluice_ebpf_probes::{ProbeConfig, Probes};
+use sluice_ebpf_probes::{EmptySyscallHooks, ProbeConfig, Probes};
 
 use crate::agent::{Agent, AgentSetup};
 use crate::bench::BenchArgs;
@@ -30,6 +34,145 @@ use crate::workload::{self, Shape};
 
 const READERS: usize = 8;
 const FIO_JOBS: usize = 4;
+const PREAD_LOOP_READS: u64 = 200_000;
+
+/// What is attached during a measurement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Hooks {
+    Probes,
+    /// Empty programs on sys_enter/sys_exit: the floor.
+    Empty,
+    Nothing,
+}
+
+/// The six orders of the three states, one per round in turn, so that no state always
+/// runs first or last.
+const ORDERS: [[Hooks; 3]; 6] = {
+    use Hooks::*;
+    [
+        [Probes, Empty, Nothing],
+        [Nothing, Empty, Probes],
+        [Empty, Probes, Nothing],
+        [Nothing, Probes, Empty],
+        [Probes, Nothing, Empty],
+        [Empty, Nothing, Probes],
+    ]
+};
+
+/// The reader process of the pinned measurement: 4 KiB preads at pseudo-random page
+/// offsets of `file` (already in the page cache), pinned to the last CPU; prints ns per
+/// read. A process of its own, so that reading the unwatched file is not done by a
+/// process the probes watch.
+pub fn pread_loop(file: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // SAFETY: a zeroed cpu_set_t is valid and CPU_SET writes inside it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpus - 1, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+    let f = std::fs::File::open(file).with_context(|| format!("opening {}", file.display()))?;
+    let pages = f.metadata()?.len() / 4096;
+    anyhow::ensure!(pages > 0, "{} is empty", file.display());
+    let mut buf = [0u8; 4096];
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut reads = |n: u64| -> anyhow::Result<f64> {
+        let start = Instant::now();
+        for _ in 0..n {
+            // xorshift64: cheap, and no two runs need the same offsets.
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            f.read_at(&mut buf, (x % pages) * 4096)?;
+        }
+        Ok(start.elapsed().as_nanos() as f64 / n as f64)
+    };
+    reads(PREAD_LOOP_READS / 8)?; // warm up
+    println!("{}", reads(PREAD_LOOP_READS)?);
+    Ok(())
+}
+
+/// ns per read of one `pread_loop` process.
+fn pread_ns(file: &Path) -> anyhow::Result<f64> {
+    let out = Command::new(std::env::current_exe()?)
+        .arg("pread-loop")
+        .arg(file)
+        .output()
+        .context("starting the pread loop")?;
+    anyhow::ensure!(
+        out.status.success(),
+        "pread loop failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .context("pread loop's output")
+}
+
+/// Attach what `hooks` names; dropping the result detaches it.
+enum Holding {
+    Probes(Attached),
+    Empty { _hooks: EmptySyscallHooks },
+    Nothing,
+}
+
+impl Holding {
+    fn attach(hooks: Hooks, config: impl FnOnce() -> ProbeConfig) -> anyhow::Result<Holding> {
+        Ok(match hooks {
+            Hooks::Probes => Holding::Probes(Attached::start(config())?),
+            Hooks::Empty => Holding::Empty {
+                _hooks: EmptySyscallHooks::attach()?,
+            },
+            Hooks::Nothing => Holding::Nothing,
+        })
+    }
+
+    /// Detach; what the probes saw, if they were attached.
+    fn detach(self) -> anyhow::Result<Option<Seen>> {
+        match self {
+            Holding::Probes(a) => a.stop().map(Some),
+            Holding::Empty { .. } | Holding::Nothing => Ok(None),
+        }
+    }
+}
+
+/// Per round, `f` of each state; the median over rounds of each state, and of each
+/// state's figure paired with the same round's `Nothing` through `cmp` (pairs taken
+/// seconds apart cancel the drift of a shared machine that separate medians keep).
+struct Paired {
+    probes: f64,
+    empty: f64,
+    nothing: f64,
+    probes_vs_nothing: f64,
+    empty_vs_nothing: f64,
+}
+
+fn paired(rounds: &[[(Hooks, f64); 3]], cmp: fn(f64, f64) -> f64) -> Paired {
+    let get = |r: &[(Hooks, f64); 3], h: Hooks| {
+        r.iter()
+            .find(|(x, _)| *x == h)
+            .map(|(_, v)| *v)
+            .expect("every state measured")
+    };
+    let of = |h: Hooks| median(rounds.iter().map(|r| get(r, h)).collect());
+    let vs = |h: Hooks| {
+        median(
+            rounds
+                .iter()
+                .map(|r| cmp(get(r, h), get(r, Hooks::Nothing)))
+                .collect(),
+        )
+    };
+    Paired {
+        probes: of(Hooks::Probes),
+        empty: of(Hooks::Empty),
+        nothing: of(Hooks::Nothing),
+        probes_vs_nothing: vs(Hooks::Probes),
+        empty_vs_nothing: vs(Hooks::Empty),
+    }
+}
 
 /// Probes attached for one round, with a thread doing the observer's user-space work.
 struct Attached {
@@ -133,6 +276,11 @@ fn overhead(on: f64, off: f64) -> f64 {
     (off - on) / off * 100.0
 }
 
+/// For a time per read, more is worse: the share of the time that was added.
+fn slower(t: f64, base: f64) -> f64 {
+    (t - base) / t * 100.0
+}
+
 fn mount_tmpfs(dir: &Path) -> anyhow::Result<()> {
     let _ = Command::new("umount")
         .arg("-l")
@@ -148,9 +296,10 @@ fn mount_tmpfs(dir: &Path) -> anyhow::Result<()> {
 }
 
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
-    let (rounds, fio_secs, shape) = if args.quick {
+    let (rounds, pread_rounds, fio_secs, shape) = if args.quick {
         (
             3,
+            9,
             3,
             Shape {
                 files: 2_000,
@@ -162,7 +311,8 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         )
     } else {
         (
-            5,
+            6,
+            24,
             10,
             Shape {
                 files: 10_000,
@@ -192,10 +342,11 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     mount_tmpfs(&watched)?;
     mount_tmpfs(&unwatched)?;
     let result = (|| -> anyhow::Result<()> {
-        // Lay the fio files out once (fio reuses them).
+        // Lay the fio files out once (fio reuses them; the pread loop reads the first).
         for d in [&watched, &unwatched] {
             fio(d, 1)?;
         }
+        let first_fio_file = |d: &Path| d.join("probes.0.0");
 
         let data = work.join(format!("data-{}", shape.files));
         println!(
@@ -237,79 +388,137 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 .sample_every(16)
         };
 
-        let (mut fio_on, mut fio_off, mut un_on, mut un_off) = (vec![], vec![], vec![], vec![]);
-        let (mut ep_on, mut ep_off) = (vec![], vec![]);
+        let mut rounds_seen: Vec<[(Hooks, Round); 3]> = Vec::new();
         let mut seen = Vec::new();
         for round in 0..rounds {
-            let order = if round % 2 == 0 {
-                [true, false]
-            } else {
-                [false, true]
-            };
-            for on in order {
-                let attached = if on {
-                    Some(Attached::start(probe_config())?)
-                } else {
-                    None
-                };
-                let a = fio(&watched, fio_secs)?;
-                let b = fio(&unwatched, fio_secs)?;
+            let mut this = Vec::new();
+            for hooks in ORDERS[round as usize % ORDERS.len()] {
+                let holding = Holding::attach(hooks, probe_config)?;
+                let fio_watched = fio(&watched, fio_secs)?;
+                let fio_unwatched = fio(&unwatched, fio_secs)?;
                 workload::drop_page_cache();
                 let e = workload::read_files(
                     &agent.mount,
                     &workload::shuffled(&samples, 100 + round),
                     READERS,
                 );
+                seen.extend(holding.detach()?);
                 anyhow::ensure!(e.errors == 0, "warm epoch: {} reads failed", e.errors);
-                if let Some(att) = attached {
-                    let s = att.stop()?;
-                    seen.push(s);
-                    fio_on.push(a);
-                    un_on.push(b);
-                    ep_on.push(e.files_s());
-                } else {
-                    fio_off.push(a);
-                    un_off.push(b);
-                    ep_off.push(e.files_s());
-                }
+                let r = Round {
+                    fio_watched,
+                    fio_unwatched,
+                    epoch: e.files_s(),
+                };
                 println!(
-                    "round {round} probes {:<3}: fio watched {a:>9.0} IOPS, unwatched {b:>9.0} IOPS, warm epoch {:>7.0} files/s",
-                    if on { "on" } else { "off" },
-                    e.files_s()
+                    "round {round} {:<8}: fio watched {:>8.0} IOPS, unwatched {:>8.0} IOPS; warm epoch {:>6.0} files/s",
+                    format!("{hooks:?}"),
+                    r.fio_watched,
+                    r.fio_unwatched,
+                    r.epoch
                 );
+                this.push((hooks, r));
             }
+            rounds_seen.push(this.try_into().expect("three states"));
+        }
+
+        // The pinned pread loop, in short rounds of its own: each state for well under a
+        // second, so that a round's three states see the same machine.
+        let mut preads: Vec<[(Hooks, (f64, f64)); 3]> = Vec::new();
+        for round in 0..pread_rounds {
+            let mut this = Vec::new();
+            for hooks in ORDERS[round % ORDERS.len()] {
+                let holding = Holding::attach(hooks, probe_config)?;
+                let w = pread_ns(&first_fio_file(&watched))?;
+                let u = pread_ns(&first_fio_file(&unwatched))?;
+                seen.extend(holding.detach()?);
+                this.push((hooks, (w, u)));
+            }
+            println!(
+                "pread round {round}: {}",
+                this.iter()
+                    .map(|(h, (w, u))| format!("{h:?} {w:.0} / {u:.0} ns"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            preads.push(this.try_into().expect("three states"));
         }
         agent.stop();
 
-        let (fw_on, fw_off) = (median(fio_on), median(fio_off));
-        let (fu_on, fu_off) = (median(un_on), median(un_off));
-        let (e_on, e_off) = (median(ep_on), median(ep_off));
+        let pick = |rounds: &[[(Hooks, Round); 3]], f: fn(&Round) -> f64| {
+            rounds
+                .iter()
+                .map(|r| r.map(|(h, x)| (h, f(&x))))
+                .collect::<Vec<_>>()
+        };
+        let fw = paired(&pick(&rounds_seen, |r| r.fio_watched), overhead);
+        let fu = paired(&pick(&rounds_seen, |r| r.fio_unwatched), overhead);
+        let ep = paired(&pick(&rounds_seen, |r| r.epoch), overhead);
+        let ns = |f: fn(&(f64, f64)) -> f64, cmp: fn(f64, f64) -> f64| {
+            paired(
+                &preads
+                    .iter()
+                    .map(|r| r.map(|(h, x)| (h, f(&x))))
+                    .collect::<Vec<_>>(),
+                cmp,
+            )
+        };
+        let nw = ns(|x| x.0, slower);
+        let nu = ns(|x| x.1, slower);
+        let nw_diff = ns(|x| x.0, |a, b| a - b);
+        let nu_diff = ns(|x| x.1, |a, b| a - b);
         let lost: u64 = seen.iter().map(|s| s.lost).sum();
         let reads: u64 = seen.iter().map(|s| s.reads).sum();
         let samples_drained: u64 = seen.iter().map(|s| s.samples).sum();
         let secs: f64 = seen.iter().map(|s| s.secs).sum();
+        let states = |p: &Paired| json!({ "probes": p.probes, "empty_hooks": p.empty, "nothing": p.nothing });
         let figures = json!({
-            "overhead_pct_fio": overhead(fw_on, fw_off),
-            "overhead_pct_fio_unwatched": overhead(fu_on, fu_off),
-            "overhead_pct_epoch": overhead(e_on, e_off),
+            "overhead_pct_fio": fw.probes_vs_nothing,
+            "overhead_pct_fio_unwatched": fu.probes_vs_nothing,
+            "overhead_pct_epoch": ep.probes_vs_nothing,
+            "overhead_pct_pread": nw.probes_vs_nothing,
+            "overhead_pct_pread_unwatched": nu.probes_vs_nothing,
+            "floor_pct_fio": fw.empty_vs_nothing,
+            "floor_pct_fio_unwatched": fu.empty_vs_nothing,
+            "floor_pct_epoch": ep.empty_vs_nothing,
+            "floor_pct_pread": nw.empty_vs_nothing,
+            "floor_pct_pread_unwatched": nu.empty_vs_nothing,
+            "probes_ns_per_read": nw_diff.probes_vs_nothing,
+            "probes_ns_per_read_unwatched": nu_diff.probes_vs_nothing,
+            "floor_ns_per_read": nw_diff.empty_vs_nothing,
+            "floor_ns_per_read_unwatched": nu_diff.empty_vs_nothing,
             "lost_events": lost,
             "events_per_second": reads as f64 / secs,
             "samples_per_second": samples_drained as f64 / secs,
             "quick": args.quick,
             "rounds": rounds,
+            "pread_rounds": pread_rounds,
             "fio_jobs": FIO_JOBS,
-            "fio_iops": { "watched_on": fw_on, "watched_off": fw_off, "unwatched_on": fu_on, "unwatched_off": fu_off },
-            "epoch_files_per_second": { "on": e_on, "off": e_off },
+            "fio_iops": { "watched": states(&fw), "unwatched": states(&fu) },
+            "pread_ns": { "watched": states(&nw), "unwatched": states(&nu) },
+            "epoch_files_per_second": states(&ep),
             "epoch_files": samples.len(),
         });
         println!(
-            "\nmedians of {rounds} rounds (ABBA): fio watched {fw_on:.0} vs {fw_off:.0} IOPS, unwatched {fu_on:.0} vs {fu_off:.0}, warm epoch {e_on:.0} vs {e_off:.0} files/s (probes on vs off)"
+            "\nmedians (probes / empty hooks / nothing; {rounds} rounds, pread {pread_rounds}):"
         );
+        for (name, p, unit) in [
+            ("fio watched", &fw, "IOPS"),
+            ("fio unwatched", &fu, "IOPS"),
+            ("pread watched", &nw, "ns"),
+            ("pread unwatched", &nu, "ns"),
+            ("warm epoch", &ep, "files/s"),
+        ] {
+            println!(
+                "  {name:<16} {:>9.0} {:>9.0} {:>9.0} {unit}: probes cost {:>5.1}%, empty hooks {:>5.1}% (paired medians)",
+                p.probes, p.empty, p.nothing, p.probes_vs_nothing, p.empty_vs_nothing
+            );
+        }
         println!(
-            "overhead_pct_fio {:.1}  overhead_pct_fio_unwatched {:.1}  overhead_pct_epoch {:.1}  lost_events {lost}  events_per_second {:.0}  samples_per_second {:.0}",
-            overhead(fw_on, fw_off),
-            overhead(fu_on, fu_off),
-            overhead(e_on, e_off),
+            "probes_ns_per_read {:.0} (empty hooks {:.0})  unwatched {:.0} (empty hooks {:.0})  lost_events {lost}  events_per_second {:.0}  samples_per_second {:.0}",
+            nw_diff.probes_vs_nothing,
+            nw_diff.empty_vs_nothing,
+            nu_diff.probes_vs_nothing,
+            nu_diff.empty_vs_nothing,
             reads as f64 / secs,
             samples_drained as f64 / secs
         );
@@ -323,4 +532,12 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         let _ = Command::new("umount").arg("-l").arg(d).status();
     }
     result
+}
+
+/// What one state of one round measured.
+#[derive(Debug, Clone, Copy)]
+struct Round {
+    fio_watched: f64,
+    fio_unwatched: f64,
+    epoch: f64,
 }

@@ -44,6 +44,9 @@ enum Command {
         #[arg(trailing_var_arg = true)]
         extra: Vec<String>,
     },
+    /// `bench probes`' reader process: preads FILE and prints ns per read.
+    #[command(hide = true)]
+    PreadLoop { file: std::path::PathBuf },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -53,5 +56,6 @@ fn main() -> anyhow::Result<()> {
         Command::VmTest { versions } => ebpf::vm_test(&versions),
         Command::Demo => tasks::demo(),
         Command::Test { extra } => tasks::test(&extra),
+        Command::PreadLoop { file } => bench_probes::pread_loop(&file),
     }
 }
