@@ -36,6 +36,7 @@ struct css_set {
 	struct cgroup *dfl_cgrp;
 };
 struct task_struct {
+	unsigned int flags;
 	int pid;
 	int tgid;
 	struct files_struct *files;

@@ -123,6 +123,8 @@ struct inflight_read {
 	__u32 last_mount_id;
 	__u32 time_tick;    /* countdown to the next timed read */
 	__u32 sampled;      /* this read goes to the ring buffer at its exit */
+	__u32 stall_only;   /* stalls-only mode: offcpu_since is a blocked read of mount_id */
+	__u32 _pad;
 };
 
 struct {
@@ -248,12 +250,11 @@ static __always_inline struct sluice_read_stats *read_stats_for(__u64 cgroup_id,
 	return s;
 }
 
-/* The open file behind `fd` in the current task, or NULL. task->files->fdt are BTF loads
- * (no helper call); the fd array holds __rcu pointers the verifier does not type, so that
- * one slot is read with a helper. */
-static __always_inline struct file *fd_file(__u32 fd)
+/* The open file behind `fd` in `task`, or NULL. task->files->fdt are BTF loads (no helper
+ * call); the fd array holds __rcu pointers the verifier does not type, so that one slot is
+ * read with a helper. */
+static __always_inline struct file *task_fd_file(struct task_struct *task, __u32 fd)
 {
-	struct task_struct *task = bpf_get_current_task_btf();
 	struct fdtable *fdt = task->files->fdt;
 	if (!fdt || fd >= fdt->max_fds)
 		return 0;
@@ -261,6 +262,11 @@ static __always_inline struct file *fd_file(__u32 fd)
 	struct file *f = 0;
 	bpf_probe_read_kernel(&f, sizeof(f), &fds[fd]);
 	return f;
+}
+
+static __always_inline struct file *fd_file(__u32 fd)
+{
+	return task_fd_file(bpf_get_current_task_btf(), fd);
 }
 
 /* Decide what an open file is: a file of a watched filesystem, a file marked by a prefix
@@ -382,10 +388,14 @@ static __always_inline void read_enter(__u32 fd, __u32 kind, __s64 pos)
 }
 
 /* bpf_get_current_cgroup_id() without the helper call: the same kernfs id, by BTF loads. */
+static __always_inline __u64 task_cgroup_id(struct task_struct *task)
+{
+	return task->cgroups->dfl_cgrp->kn->id;
+}
+
 static __always_inline __u64 current_cgroup_id(void)
 {
-	struct task_struct *task = bpf_get_current_task_btf();
-	return task->cgroups->dfl_cgrp->kn->id;
+	return task_cgroup_id(bpf_get_current_task_btf());
 }
 
 static __always_inline void sample_access(struct inflight_read *r, __u64 cgroup_id, __u32 tgid,
@@ -653,6 +663,43 @@ int BPF_PROG(sched_process_exit, struct task_struct *p)
 	return 0;
 }
 
+#define PF_KTHREAD 0x00200000
+
+/* Stalls-only mode, where no read is marked in flight (sys_enter/sys_exit are not
+ * attached, so that reads cost nothing): a user thread that goes to sleep inside a read
+ * syscall of a watched file is stalled on the dataset. Its syscall and fd are in the
+ * registers it entered the kernel with. Returns the time it went to sleep, or 0. */
+static __always_inline __u64 stall_begins(struct task_struct *prev)
+{
+	if (prev->flags & PF_KTHREAD)
+		return 0;
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(prev);
+	if (!regs)
+		return 0;
+	long nr = SYSCALL_NR(regs);
+	if (nr != NR_read && nr != NR_pread64 && nr != NR_readv && nr != NR_preadv &&
+	    nr != NR_preadv2)
+		return 0;
+	struct file *f = task_fd_file(prev, SYSCALL_ARG(regs, 0));
+	if (!f)
+		return 0;
+	__u32 dev = BPF_CORE_READ(f, f_inode, i_sb, s_dev);
+	struct sluice_watched_dev *wd = bpf_map_lookup_elem(&watched_devs, &dev);
+	if (!wd)
+		return 0;
+	struct inflight_read *r =
+		bpf_task_storage_get(&inflight_reads, prev, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (!r) {
+		count_lost(1);
+		return 0;
+	}
+	__u64 now = bpf_ktime_get_ns();
+	r->offcpu_since = now;
+	r->mount_id = wd->mount_id;
+	r->stall_only = 1;
+	return now;
+}
+
 /* Off-CPU time inside a dataset read: from the switch away while not runnable, to the
  * switch back in (so it includes the run-queue wait after the wakeup, which the reader
  * also spends stalled). Preemption of a running reader is not counted. */
@@ -667,14 +714,29 @@ int BPF_PROG(sched_switch, bool preempt, struct task_struct *prev, struct task_s
 		if (r && r->active) {
 			now = bpf_ktime_get_ns();
 			r->offcpu_since = now;
+		} else {
+			__u32 zero = 0;
+			struct sluice_config *cfg = bpf_map_lookup_elem(&config, &zero);
+			if (cfg && cfg->stalls_only)
+				now = stall_begins(prev);
 		}
 	}
 	struct inflight_read *r = bpf_task_storage_get(&inflight_reads, next, 0, 0);
-	if (r && r->active && r->offcpu_since) {
+	if (r && r->offcpu_since) {
 		if (!now)
 			now = bpf_ktime_get_ns();
-		r->blocked_ns += now - r->offcpu_since;
+		__u64 blocked = now - r->offcpu_since;
 		r->offcpu_since = 0;
+		if (r->active) {
+			r->blocked_ns += blocked;
+		} else if (r->stall_only) {
+			/* No read exit will come to add it up: count it now. */
+			r->stall_only = 0;
+			struct sluice_read_stats *s =
+				read_stats_for(task_cgroup_id(next), r->mount_id);
+			if (s)
+				s->blocked_ns += blocked;
+		}
 	}
 	return 0;
 }

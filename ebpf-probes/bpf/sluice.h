@@ -81,6 +81,9 @@ struct sluice_watched_fd {
 struct sluice_config {
 	__u32 sample_every;       /* emit 1 of every N dataset reads; 0 = none */
 	__u32 time_every;         /* time 1 of every N dataset reads per thread; 0 or 1 = all */
+	__u32 stalls_only;        /* 1: sys_enter/sys_exit are not attached; sched_switch finds
+				   * the reads that block from the sleeping thread's registers */
+	__u32 _pad;
 };
 
 /* A sampled dataset read, sent through the ring buffer. */

@@ -73,6 +73,8 @@ pub(crate) struct Prefix {
 pub(crate) struct Config {
     pub sample_every: u32,
     pub time_every: u32,
+    pub stalls_only: u32,
+    pub _pad: u32,
 }
 
 #[repr(C)]
@@ -98,7 +100,7 @@ const _: () = {
     assert!(size_of::<FuseStats>() == 8 * (4 + HIST_SLOTS));
     assert!(size_of::<WatchedDev>() == 8);
     assert!(size_of::<Prefix>() == 8 + PREFIX_LEN);
-    assert!(size_of::<Config>() == 8);
+    assert!(size_of::<Config>() == 16);
     assert!(size_of::<RawFileAccess>() == 72);
 };
 

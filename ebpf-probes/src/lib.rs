@@ -19,6 +19,7 @@ mod stats;
 pub use abi::HIST_SLOTS;
 pub use floor::EmptySyscallHooks;
 pub use probes::{
-    BTF_TRACEPOINTS, OPTIONAL_CATEGORIES, ProbeConfig, ProbeError, Probes, TRACEPOINTS, WatchedPath,
+    BTF_TRACEPOINTS, OPTIONAL_CATEGORIES, ProbeConfig, ProbeError, ProbeMode, Probes, TRACEPOINTS,
+    WatchedPath,
 };
 pub use stats::{CgroupReadStats, FileAccess, FuseOpStats, LatencyHistogram, ReadKind};

@@ -133,9 +133,33 @@ pub enum WatchedPath {
     Prefix(PathBuf),
 }
 
+/// How much the probes follow.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ProbeMode {
+    /// Every dataset read: calls, bytes, latency, stall time, the sampled access stream.
+    /// Costs every syscall on the node the hooks on `sys_enter`/`sys_exit`.
+    #[default]
+    PerRead,
+    /// Stall time only: no per-syscall hooks (reads that do not block cost nothing);
+    /// `sched_switch` finds the reads that block from the sleeping thread's registers.
+    /// No calls, bytes, latency or access stream; filesystem watches only (a path prefix
+    /// watch needs the opens).
+    StallsOnly,
+}
+
+/// Programs that only [`ProbeMode::PerRead`] attaches.
+const PER_READ_ONLY: &[&str] = &[
+    "sys_enter",
+    "sys_exit",
+    "sched_process_fork",
+    "sched_process_exit",
+];
+
 /// What to load: watched paths and sampling.
 #[derive(Clone, Debug)]
 pub struct ProbeConfig {
+    /// What the probes follow.
+    pub mode: ProbeMode,
     /// Watched filesystems and path prefixes (at most 256 filesystems and 8 prefixes).
     pub watch: Vec<WatchedPath>,
     /// Send 1 of every N dataset reads to the ring buffer (per CPU); 0 sends none.
@@ -156,6 +180,7 @@ impl Default for ProbeConfig {
     fn default() -> Self {
         Self {
             watch: Vec::new(),
+            mode: ProbeMode::PerRead,
             sample_every: 16,
             time_every: 8,
             ring_buffer_bytes: 1 << 20,
@@ -180,6 +205,12 @@ impl ProbeConfig {
     /// Sample 1 of every `n` dataset reads into the ring buffer; 0 disables sampling.
     pub fn sample_every(mut self, n: u32) -> Self {
         self.sample_every = n;
+        self
+    }
+
+    /// What the probes follow.
+    pub fn mode(mut self, mode: ProbeMode) -> Self {
+        self.mode = mode;
         self
     }
 
@@ -223,6 +254,12 @@ impl Probes {
             tracing::warn!(tracepoint = %tp, "tracepoint missing on this kernel: running without it");
         }
         let (devs, prefixes) = resolve_watches(&config.watch)?;
+        if config.mode == ProbeMode::StallsOnly && !prefixes.is_empty() {
+            return Err(ProbeError::InvalidConfig(
+                "path prefix watches need ProbeMode::PerRead: only the opens tell which files a prefix covers"
+                    .into(),
+            ));
+        }
         let watched_devs: Vec<u32> = devs.iter().map(|&(dev, _)| dev).collect();
         let ring = config.ring_buffer_bytes;
         if !ring.is_power_of_two() || ring < 4096 {
@@ -242,6 +279,9 @@ impl Probes {
             path: BTF_PATH.into(),
         })?;
         for &(program, tracepoint) in BTF_TRACEPOINTS {
+            if config.mode == ProbeMode::StallsOnly && PER_READ_ONLY.contains(&program) {
+                continue;
+            }
             let prog: &mut BtfTracePoint = ebpf
                 .program_mut(program)
                 .ok_or(ProbeError::MissingFromObject(program))?
@@ -296,7 +336,11 @@ impl Probes {
         // (a job that outlived an agent restart) are found in /proc.
         {
             let mut map: HashMap<&mut MapData, u32, u32> = map_mut(&mut ebpf, "watched_procs")?;
-            for tgid in processes_holding(&watched_devs) {
+            let holding = match config.mode {
+                ProbeMode::PerRead => processes_holding(&watched_devs),
+                ProbeMode::StallsOnly => Vec::new(),
+            };
+            for tgid in holding {
                 map.insert(tgid, 1, 0).map_err(|source| ProbeError::Map {
                     map: "watched_procs",
                     source,
@@ -334,6 +378,8 @@ impl Probes {
             abi::Config {
                 sample_every: n,
                 time_every: self.config.time_every,
+                stalls_only: u32::from(self.config.mode == ProbeMode::StallsOnly),
+                _pad: 0,
             },
             0,
         )

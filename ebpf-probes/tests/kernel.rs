@@ -12,7 +12,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use sluice_ebpf_probes::cgroup::{CgroupResolver, Workload, cgroup2_root};
-use sluice_ebpf_probes::{CgroupReadStats, ProbeConfig, Probes, ReadKind};
+use sluice_ebpf_probes::{CgroupReadStats, ProbeConfig, ProbeMode, Probes, ReadKind};
 
 /// One test at a time: they read the whole machine's programs, cgroups and mounts.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -449,14 +449,15 @@ fn own_cgroup_id() -> u64 {
     std::fs::metadata(dir).unwrap().ino()
 }
 
-#[test]
-fn time_blocked_in_a_fifo_read_matches_what_the_reader_measured() {
-    let Some(_serial) = privileged() else { return };
+/// A reader blocks about 400 ms in one read of a FIFO on a watched tmpfs: what the
+/// reader measured, and the probes' figures for this process's cgroup.
+fn blocked_fifo_read(mode: ProbeMode) -> (CgroupReadStats, u64) {
     let mount = Tmpfs::mount();
     let fifo = mount.path().join("slow-source");
     run(Command::new("mkfifo").arg(&fifo));
     let probes = Probes::load(
         ProbeConfig::default()
+            .mode(mode)
             .watch_filesystem(mount.path())
             .sample_every(0)
             .time_every(1),
@@ -484,8 +485,7 @@ fn time_blocked_in_a_fifo_read_matches_what_the_reader_measured() {
     let snapshot = probes.snapshot().unwrap();
     let mine = stats_of(&snapshot, own_cgroup_id());
     assert_eq!(mine.len(), 1, "{snapshot:#?}");
-    let s = mine[0];
-    assert_eq!((s.calls, s.bytes), (1, 100));
+    let s = mine[0].clone();
     let diff = s.blocked_ns.abs_diff(measured);
     assert!(
         diff * 10 <= measured,
@@ -493,10 +493,47 @@ fn time_blocked_in_a_fifo_read_matches_what_the_reader_measured() {
         s.blocked_ns
     );
     eprintln!(
-        "blocked {} ns in the kernel, {measured} ns measured by the reader",
+        "{mode:?}: blocked {} ns in the kernel, {measured} ns measured by the reader",
         s.blocked_ns
     );
+    (s, measured)
+}
+
+#[test]
+fn time_blocked_in_a_fifo_read_matches_what_the_reader_measured() {
+    let Some(_serial) = privileged() else { return };
+    let (s, _) = blocked_fifo_read(ProbeMode::PerRead);
+    assert_eq!((s.calls, s.bytes), (1, 100));
     assert!(s.latency_ns >= s.blocked_ns);
+}
+
+#[test]
+fn stalls_only_mode_measures_the_blocked_read_without_per_syscall_hooks() {
+    let Some(_serial) = privileged() else { return };
+    let (s, _) = blocked_fifo_read(ProbeMode::StallsOnly);
+    // Nothing follows the syscalls themselves: no calls, bytes or latency.
+    assert_eq!((s.calls, s.bytes, s.latency_ns), (0, 0, 0));
+
+    let probes =
+        Probes::load(ProbeConfig::default().mode(ProbeMode::StallsOnly)).expect("probes load");
+    let ids = probes.program_ids();
+    let names: Vec<String> = aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .filter(|p| ids.contains(&p.id()))
+        .filter_map(|p| p.name_as_str().map(str::to_owned))
+        .collect();
+    assert!(names.iter().any(|n| n == "sched_switch"), "{names:?}");
+    assert!(
+        !names.iter().any(|n| n == "sys_enter" || n == "sys_exit"),
+        "no per-syscall hooks in stalls-only mode: {names:?}"
+    );
+    let err = Probes::load(
+        ProbeConfig::default()
+            .mode(ProbeMode::StallsOnly)
+            .watch_prefix("/tmp"),
+    )
+    .expect_err("a prefix watch needs the opens");
+    assert!(err.to_string().contains("PerRead"), "{err}");
 }
 
 #[test]
