@@ -94,12 +94,28 @@ impl Default for AgentConfig {
     }
 }
 
+/// `agent.stalls.mode`: how much the eBPF probes follow.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum StallsMode {
+    /// Every dataset read: stall time, calls, bytes, latency, hit ratio, top waits and the
+    /// access stream the prefetcher learns from. Every syscall on the node passes two
+    /// hooks.
+    #[default]
+    PerRead,
+    /// Stall time per workload and dataset only, with no per-syscall hooks: reads that do
+    /// not block cost nothing. No read counts, latency, top waits or access stream.
+    StallsOnly,
+}
+
 /// `agent.stalls`: which reads count as dataset reads and how the observer reports them.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct StallsConfig {
     /// Load the eBPF probes (the agent runs without them when they cannot load).
     pub enabled: bool,
+    /// What the probes follow.
+    pub mode: StallsMode,
     /// Absolute directories whose files also count as dataset reads (besides every
     /// dataset mount), e.g. a dataset copied to local disk.
     pub watch_prefixes: Vec<PathBuf>,
@@ -123,6 +139,7 @@ impl Default for StallsConfig {
     fn default() -> Self {
         StallsConfig {
             enabled: true,
+            mode: StallsMode::PerRead,
             watch_prefixes: Vec::new(),
             tick_millis: 1000,
             sample_every: 16,
@@ -778,6 +795,13 @@ impl AgentConfig {
             return Err(invalid(
                 "agent.stalls.episodeMinRatio".into(),
                 format!("{} is not in [0, 1]", st.episode_min_ratio),
+            ));
+        }
+        if st.mode == StallsMode::StallsOnly && !st.watch_prefixes.is_empty() {
+            return Err(invalid(
+                "agent.stalls.watchPrefixes".into(),
+                "needs mode: perRead (a prefix watch follows the opens, which stallsOnly does not hook)"
+                    .into(),
             ));
         }
         for (i, p) in st.watch_prefixes.iter().enumerate() {

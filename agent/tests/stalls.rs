@@ -200,8 +200,16 @@ fn workload<'a>(report: &'a serde_json::Value, uid: &str) -> Option<&'a serde_js
 }
 
 /// Writes the agent config: the dataset `ds` over `endpoint` (bucket `train`, prefix
-/// `imagenet`), no prefetch, quick ticks, every read sampled, pod names from `pods`.
-fn configure(env: &Env, s3: &SeaweedFs, endpoint: &str, pods: &Path, metrics_port: u16) {
+/// `imagenet`), no prefetch, quick ticks, every read sampled, pod names from `pods`, the
+/// probes in `mode` (`agent.stalls.mode`).
+fn configure(
+    env: &Env,
+    s3: &SeaweedFs,
+    endpoint: &str,
+    pods: &Path,
+    metrics_port: u16,
+    mode: &str,
+) {
     env.use_s3(
         "s3://train/imagenet",
         endpoint,
@@ -209,7 +217,7 @@ fn configure(env: &Env, s3: &SeaweedFs, endpoint: &str, pods: &Path, metrics_por
         s3.secret_key(),
     );
     let switches = format!(
-        "  prefetch: {{ enabled: false }}\n  autoscale: {{ enabled: false }}\n  stalls: {{ tickMillis: 250, sampleEvery: 1, episodeLogSecs: 1, podLogDir: {} }}\n",
+        "  prefetch: {{ enabled: false }}\n  autoscale: {{ enabled: false }}\n  stalls: {{ mode: {mode}, tickMillis: 250, sampleEvery: 1, episodeLogSecs: 1, podLogDir: {} }}\n",
         pods.display()
     );
     env.agent_settings(metrics_port, &switches);
@@ -221,6 +229,22 @@ async fn reported_stall_matches_what_a_pods_reader_measured_and_a_busy_pod_shows
     if std::env::var(ROLE).is_ok() {
         return;
     }
+    stall_accuracy("perRead").await;
+}
+
+/// The same in stalls-only mode: no per-syscall hooks, the stall found from the sleeping
+/// reader's registers; the per-read figures are absent and the table says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalls_only_mode_reports_the_same_stall_without_per_read_figures() {
+    require_fuse!();
+    if std::env::var(ROLE).is_ok() {
+        return;
+    }
+    stall_accuracy("stallsOnly").await;
+}
+
+async fn stall_accuracy(mode: &str) {
+    let per_read = mode == "perRead";
     let Some(s3) = SeaweedFs::start() else { return };
     s3.create_bucket("train").await;
     // (A local file makes the harness's data directory; the dataset is on S3.)
@@ -240,7 +264,7 @@ async fn reported_stall_matches_what_a_pods_reader_measured_and_a_busy_pod_shows
     let busy_uid = format!("b0000b00-0000-4000-8000-{:012x}", std::process::id());
     std::fs::create_dir_all(pods.join(format!("training_resnet-0_{reader_uid}"))).unwrap();
     let metrics_port = support::free_port();
-    configure(&env, &s3, &proxy.endpoint(), &pods, metrics_port);
+    configure(&env, &s3, &proxy.endpoint(), &pods, metrics_port, mode);
 
     let pinned_before = bpffs_entries();
     tokio::task::block_in_place(|| {
@@ -296,19 +320,24 @@ async fn reported_stall_matches_what_a_pods_reader_measured_and_a_busy_pod_shows
         assert_eq!(id["qos"], "besteffort");
         assert_eq!(id["podNamespace"], "training");
         assert_eq!(id["podName"], "resnet-0");
-        assert_eq!(w["total"]["readBytes"], bytes);
-        assert_eq!(w["total"]["readCalls"], calls);
         assert_eq!(w["datasets"][0]["name"], "ds");
-        let top = w["topFiles"][0]["path"]
-            .as_str()
-            .unwrap_or_else(|| panic!("no top waits\n{w:#}"));
-        assert!(top.starts_with("ds/m/class"), "{w:#}");
-        assert!(w["total"]["p99Ms"].as_f64().unwrap() > 0.0);
-        // Cold reads of a dataset nobody read before: most bytes came from the source.
-        let hit = w["total"]["hitRatio"]
-            .as_f64()
-            .unwrap_or_else(|| panic!("no hit ratio\n{w:#}"));
-        assert!(hit < 0.5, "hit ratio {hit} of cold reads\n{w:#}");
+        if per_read {
+            assert_eq!(w["total"]["readBytes"], bytes);
+            assert_eq!(w["total"]["readCalls"], calls);
+            let top = w["topFiles"][0]["path"]
+                .as_str()
+                .unwrap_or_else(|| panic!("no top waits\n{w:#}"));
+            assert!(top.starts_with("ds/m/class"), "{w:#}");
+            assert!(w["total"]["p99Ms"].as_f64().unwrap() > 0.0);
+            // Cold reads of a dataset nobody read before: most bytes came from the source.
+            let hit = w["total"]["hitRatio"]
+                .as_f64()
+                .unwrap_or_else(|| panic!("no hit ratio\n{w:#}"));
+            assert!(hit < 0.5, "hit ratio {hit} of cold reads\n{w:#}");
+        } else {
+            assert_eq!(w["total"]["readCalls"], 0, "{w:#}");
+            assert_eq!(report["stallsOnly"], true, "{report:#}");
+        }
 
         // The busy pod did no dataset read: no stall, if it is listed at all.
         if let Some(b) = workload(&report, &busy_uid) {
@@ -321,6 +350,7 @@ async fn reported_stall_matches_what_a_pods_reader_measured_and_a_busy_pod_shows
         let (ok, table, err) = env.cli(&["stalls", "--admin-socket", &sock]);
         assert!(ok, "{err}");
         assert!(table.contains("pod training/resnet-0"), "{table}");
+        assert_eq!(table.contains("stalls-only mode"), !per_read, "{table}");
         print!("{table}");
         let (_, body) = support::raw_http(metrics_port, "GET", "/metrics", &[]).unwrap();
         let metrics = String::from_utf8_lossy(&body);
@@ -447,7 +477,16 @@ fn the_stalls_section_is_parsed_validated_and_overridden_by_the_environment() {
         (s.tick_millis, s.sample_every, s.episode_log_secs),
         (500, 4, 5)
     );
+    assert_eq!(s.mode, sluice::config::StallsMode::PerRead);
+    let c = Config::parse("agent:\n  stalls: { mode: stallsOnly, timeEvery: 1 }\n").unwrap();
+    assert_eq!(c.agent.stalls.mode, sluice::config::StallsMode::StallsOnly);
+    assert_eq!(c.agent.stalls.time_every, 1);
     for (bad, field) in [
+        ("mode: sometimes", "mode"),
+        (
+            "mode: stallsOnly, watchPrefixes: [/data]",
+            "agent.stalls.watchPrefixes",
+        ),
         ("watchPrefixes: [data]", "agent.stalls.watchPrefixes[0]"),
         ("tickMillis: 0", "agent.stalls.tickMillis"),
         ("episodeMinRatio: 2", "agent.stalls.episodeMinRatio"),

@@ -158,6 +158,11 @@ pub fn table(r: &StallsReport) -> String {
         "probes: {:.0} dataset reads/s, lost events {} (samples) {} (counters)",
         r.events_per_second, r.lost_events, r.lost_stat_updates
     ));
+    if r.stalls_only {
+        out.push_str(
+            "; stalls-only mode (agent.stalls.mode): reads, rates, latency, hit ratio and top waits not measured",
+        );
+    }
     if !r.unavailable.is_empty() {
         out.push_str(&format!(
             "; not measured here: {}",

@@ -17,9 +17,9 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use sluice::config::StallsConfig;
+use sluice::config::{StallsConfig, StallsMode};
 use sluice_ebpf_probes::cgroup::{CgroupResolver, Workload, cgroup2_root};
-use sluice_ebpf_probes::{ProbeConfig, Probes};
+use sluice_ebpf_probes::{ProbeConfig, ProbeMode, Probes};
 
 use crate::admin::ServedDataset;
 use crate::metrics::Metrics;
@@ -62,6 +62,10 @@ pub async fn start(
     }));
     let mut watches = Vec::new();
     let mut probe_config = ProbeConfig::default()
+        .mode(match config.mode {
+            StallsMode::PerRead => ProbeMode::PerRead,
+            StallsMode::StallsOnly => ProbeMode::StallsOnly,
+        })
         .sample_every(config.sample_every)
         .time_every(config.time_every);
     let mut by_mount = Vec::new();
@@ -112,6 +116,7 @@ pub async fn start(
             {
                 let mut r = shared.write().expect("report lock");
                 r.from = "ebpf".into();
+                r.stalls_only = config.mode == StallsMode::StallsOnly;
                 r.unavailable = unavailable;
             }
             let model = Model::new(

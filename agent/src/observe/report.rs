@@ -11,6 +11,10 @@ pub struct StallsReport {
     pub from: String,
     /// Why the probes are not running, when they are not.
     pub disabled_reason: Option<String>,
+    /// `stallsOnly` when the probes measure stall time only (`agent.stalls.mode`): read
+    /// counts, bytes, latency, hit ratio and top waits are then not measured.
+    #[serde(default)]
+    pub stalls_only: bool,
     /// Optional tracepoints this kernel lacks (`fuse/…`, `filemap/…`): what they measure is
     /// missing from the figures.
     #[serde(default)]
