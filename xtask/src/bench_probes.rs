@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use serde_json::json;
-use sluice_ebpf_probes::{EmptySyscallHooks, ProbeConfig, Probes};
+use sluice_ebpf_probes::{EmptySyscallHooks, ProbeConfig, ProbeMode, Probes};
 
 use crate::agent::{Agent, AgentSetup};
 use crate::bench::BenchArgs;
@@ -39,25 +39,33 @@ const PREAD_LOOP_READS: u64 = 200_000;
 /// What is attached during a measurement.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Hooks {
-    Probes,
-    /// Empty programs on sys_enter/sys_exit: the floor.
-    Empty,
-    Nothing,
+    /// The probes as the agent loads them by default (`ProbeMode::PerRead`).
+    Probes = 0,
+    /// The probes in `ProbeMode::StallsOnly`: no per-syscall hooks.
+    StallsOnly = 1,
+    /// Empty programs on sys_enter/sys_exit: the floor of any per-read design.
+    Empty = 2,
+    Nothing = 3,
 }
 
-/// The six orders of the three states, one per round in turn, so that no state always
-/// runs first or last.
-const ORDERS: [[Hooks; 3]; 6] = {
-    use Hooks::*;
-    [
-        [Probes, Empty, Nothing],
-        [Nothing, Empty, Probes],
-        [Empty, Probes, Nothing],
-        [Nothing, Probes, Empty],
-        [Probes, Nothing, Empty],
-        [Empty, Nothing, Probes],
-    ]
-};
+const STATES: [Hooks; 4] = [
+    Hooks::Probes,
+    Hooks::StallsOnly,
+    Hooks::Empty,
+    Hooks::Nothing,
+];
+
+/// The order of the states in round `round`: rotated, and reversed every other cycle,
+/// so that no state always runs first or last.
+fn order(round: usize) -> [Hooks; 4] {
+    let mut o = STATES;
+    let n = o.len();
+    o.rotate_left(round % n);
+    if (round / n) % 2 == 1 {
+        o.reverse();
+    }
+    o
+}
 
 /// The reader process of the pinned measurement: 4 KiB preads at pseudo-random page
 /// offsets of `file` (already in the page cache), pinned to the last CPU; prints ns per
@@ -122,6 +130,9 @@ impl Holding {
     fn attach(hooks: Hooks, config: impl FnOnce() -> ProbeConfig) -> anyhow::Result<Holding> {
         Ok(match hooks {
             Hooks::Probes => Holding::Probes(Attached::start(config())?),
+            Hooks::StallsOnly => {
+                Holding::Probes(Attached::start(config().mode(ProbeMode::StallsOnly))?)
+            }
             Hooks::Empty => Holding::Empty {
                 _hooks: EmptySyscallHooks::attach()?,
             },
@@ -138,39 +149,28 @@ impl Holding {
     }
 }
 
-/// Per round, `f` of each state; the median over rounds of each state, and of each
-/// state's figure paired with the same round's `Nothing` through `cmp` (pairs taken
-/// seconds apart cancel the drift of a shared machine that separate medians keep).
+/// Per round, a figure of each state (indexed by `Hooks as usize`): the median over
+/// rounds of each state, and of each state's figure paired with the same round's
+/// `Nothing` through `cmp` (pairs taken seconds apart cancel the drift of a shared
+/// machine, which separate medians keep).
 struct Paired {
-    probes: f64,
-    empty: f64,
-    nothing: f64,
-    probes_vs_nothing: f64,
-    empty_vs_nothing: f64,
+    median: [f64; 4],
+    vs_nothing: [f64; 4],
 }
 
-fn paired(rounds: &[[(Hooks, f64); 3]], cmp: fn(f64, f64) -> f64) -> Paired {
-    let get = |r: &[(Hooks, f64); 3], h: Hooks| {
-        r.iter()
-            .find(|(x, _)| *x == h)
-            .map(|(_, v)| *v)
-            .expect("every state measured")
-    };
-    let of = |h: Hooks| median(rounds.iter().map(|r| get(r, h)).collect());
-    let vs = |h: Hooks| {
-        median(
-            rounds
-                .iter()
-                .map(|r| cmp(get(r, h), get(r, Hooks::Nothing)))
-                .collect(),
-        )
-    };
+impl Paired {
+    fn of(h: Hooks, p: &Paired) -> f64 {
+        p.median[h as usize]
+    }
+}
+
+fn paired(rounds: &[[f64; 4]], cmp: fn(f64, f64) -> f64) -> Paired {
+    let nothing = Hooks::Nothing as usize;
     Paired {
-        probes: of(Hooks::Probes),
-        empty: of(Hooks::Empty),
-        nothing: of(Hooks::Nothing),
-        probes_vs_nothing: vs(Hooks::Probes),
-        empty_vs_nothing: vs(Hooks::Empty),
+        median: std::array::from_fn(|i| median(rounds.iter().map(|r| r[i]).collect())),
+        vs_nothing: std::array::from_fn(|i| {
+            median(rounds.iter().map(|r| cmp(r[i], r[nothing])).collect())
+        }),
     }
 }
 
@@ -388,21 +388,24 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 .sample_every(16)
         };
 
-        let mut rounds_seen: Vec<[(Hooks, Round); 3]> = Vec::new();
+        let mut rounds_seen: Vec<[Round; 4]> = Vec::new();
         let mut seen = Vec::new();
         for round in 0..rounds {
-            let mut this = Vec::new();
-            for hooks in ORDERS[round as usize % ORDERS.len()] {
+            let mut this = [Round::default(); 4];
+            for hooks in order(round) {
                 let holding = Holding::attach(hooks, probe_config)?;
                 let fio_watched = fio(&watched, fio_secs)?;
                 let fio_unwatched = fio(&unwatched, fio_secs)?;
                 workload::drop_page_cache();
                 let e = workload::read_files(
                     &agent.mount,
-                    &workload::shuffled(&samples, 100 + round),
+                    &workload::shuffled(&samples, 100 + round as u64),
                     READERS,
                 );
-                seen.extend(holding.detach()?);
+                let s = holding.detach()?;
+                if hooks == Hooks::Probes {
+                    seen.extend(s);
+                }
                 anyhow::ensure!(e.errors == 0, "warm epoch: {} reads failed", e.errors);
                 let r = Round {
                     fio_watched,
@@ -410,82 +413,95 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                     epoch: e.files_s(),
                 };
                 println!(
-                    "round {round} {:<8}: fio watched {:>8.0} IOPS, unwatched {:>8.0} IOPS; warm epoch {:>6.0} files/s",
+                    "round {round} {:<10}: fio watched {:>8.0} IOPS, unwatched {:>8.0} IOPS; warm epoch {:>6.0} files/s",
                     format!("{hooks:?}"),
                     r.fio_watched,
                     r.fio_unwatched,
                     r.epoch
                 );
-                this.push((hooks, r));
+                this[hooks as usize] = r;
             }
-            rounds_seen.push(this.try_into().expect("three states"));
+            rounds_seen.push(this);
         }
 
         // The pinned pread loop, in short rounds of its own: each state for well under a
-        // second, so that a round's three states see the same machine.
-        let mut preads: Vec<[(Hooks, (f64, f64)); 3]> = Vec::new();
+        // second, so that a round's states see the same machine.
+        let mut preads: Vec<[(f64, f64); 4]> = Vec::new();
         for round in 0..pread_rounds {
-            let mut this = Vec::new();
-            for hooks in ORDERS[round % ORDERS.len()] {
+            let mut this = [(0.0, 0.0); 4];
+            for hooks in order(round) {
                 let holding = Holding::attach(hooks, probe_config)?;
                 let w = pread_ns(&first_fio_file(&watched))?;
                 let u = pread_ns(&first_fio_file(&unwatched))?;
-                seen.extend(holding.detach()?);
-                this.push((hooks, (w, u)));
+                holding.detach()?;
+                this[hooks as usize] = (w, u);
             }
             println!(
-                "pread round {round}: {}",
-                this.iter()
-                    .map(|(h, (w, u))| format!("{h:?} {w:.0} / {u:.0} ns"))
+                "pread round {round} (watched / unwatched): {}",
+                STATES
+                    .iter()
+                    .map(|&h| {
+                        let (w, u) = this[h as usize];
+                        format!("{h:?} {w:.0} / {u:.0} ns")
+                    })
                     .collect::<Vec<_>>()
                     .join(", ")
             );
-            preads.push(this.try_into().expect("three states"));
+            preads.push(this);
         }
         agent.stop();
 
-        let pick = |rounds: &[[(Hooks, Round); 3]], f: fn(&Round) -> f64| {
-            rounds
-                .iter()
-                .map(|r| r.map(|(h, x)| (h, f(&x))))
-                .collect::<Vec<_>>()
+        let pick = |f: fn(&Round) -> f64| -> Vec<[f64; 4]> {
+            rounds_seen.iter().map(|r| r.each_ref().map(f)).collect()
         };
-        let fw = paired(&pick(&rounds_seen, |r| r.fio_watched), overhead);
-        let fu = paired(&pick(&rounds_seen, |r| r.fio_unwatched), overhead);
-        let ep = paired(&pick(&rounds_seen, |r| r.epoch), overhead);
-        let ns = |f: fn(&(f64, f64)) -> f64, cmp: fn(f64, f64) -> f64| {
-            paired(
-                &preads
-                    .iter()
-                    .map(|r| r.map(|(h, x)| (h, f(&x))))
-                    .collect::<Vec<_>>(),
-                cmp,
-            )
+        let fw = paired(&pick(|r| r.fio_watched), overhead);
+        let fu = paired(&pick(|r| r.fio_unwatched), overhead);
+        let ep = paired(&pick(|r| r.epoch), overhead);
+        let ns = |f: fn(&(f64, f64)) -> f64| -> Vec<[f64; 4]> {
+            preads.iter().map(|r| r.each_ref().map(f)).collect()
         };
-        let nw = ns(|x| x.0, slower);
-        let nu = ns(|x| x.1, slower);
-        let nw_diff = ns(|x| x.0, |a, b| a - b);
-        let nu_diff = ns(|x| x.1, |a, b| a - b);
+        let nw = paired(&ns(|x| x.0), slower);
+        let nu = paired(&ns(|x| x.1), slower);
+        let nw_diff = paired(&ns(|x| x.0), |a, b| a - b);
+        let nu_diff = paired(&ns(|x| x.1), |a, b| a - b);
         let lost: u64 = seen.iter().map(|s| s.lost).sum();
         let reads: u64 = seen.iter().map(|s| s.reads).sum();
         let samples_drained: u64 = seen.iter().map(|s| s.samples).sum();
         let secs: f64 = seen.iter().map(|s| s.secs).sum();
-        let states = |p: &Paired| json!({ "probes": p.probes, "empty_hooks": p.empty, "nothing": p.nothing });
+        let (pr, so, em) = (
+            Hooks::Probes as usize,
+            Hooks::StallsOnly as usize,
+            Hooks::Empty as usize,
+        );
+        let states = |p: &Paired| {
+            json!({
+                "probes": Paired::of(Hooks::Probes, p),
+                "stalls_only": Paired::of(Hooks::StallsOnly, p),
+                "empty_hooks": Paired::of(Hooks::Empty, p),
+                "nothing": Paired::of(Hooks::Nothing, p),
+            })
+        };
         let figures = json!({
-            "overhead_pct_fio": fw.probes_vs_nothing,
-            "overhead_pct_fio_unwatched": fu.probes_vs_nothing,
-            "overhead_pct_epoch": ep.probes_vs_nothing,
-            "overhead_pct_pread": nw.probes_vs_nothing,
-            "overhead_pct_pread_unwatched": nu.probes_vs_nothing,
-            "floor_pct_fio": fw.empty_vs_nothing,
-            "floor_pct_fio_unwatched": fu.empty_vs_nothing,
-            "floor_pct_epoch": ep.empty_vs_nothing,
-            "floor_pct_pread": nw.empty_vs_nothing,
-            "floor_pct_pread_unwatched": nu.empty_vs_nothing,
-            "probes_ns_per_read": nw_diff.probes_vs_nothing,
-            "probes_ns_per_read_unwatched": nu_diff.probes_vs_nothing,
-            "floor_ns_per_read": nw_diff.empty_vs_nothing,
-            "floor_ns_per_read_unwatched": nu_diff.empty_vs_nothing,
+            "overhead_pct_fio": fw.vs_nothing[pr],
+            "overhead_pct_fio_unwatched": fu.vs_nothing[pr],
+            "overhead_pct_epoch": ep.vs_nothing[pr],
+            "overhead_pct_pread": nw.vs_nothing[pr],
+            "overhead_pct_pread_unwatched": nu.vs_nothing[pr],
+            "stalls_only_pct_fio": fw.vs_nothing[so],
+            "stalls_only_pct_fio_unwatched": fu.vs_nothing[so],
+            "stalls_only_pct_epoch": ep.vs_nothing[so],
+            "stalls_only_pct_pread": nw.vs_nothing[so],
+            "stalls_only_pct_pread_unwatched": nu.vs_nothing[so],
+            "floor_pct_fio": fw.vs_nothing[em],
+            "floor_pct_fio_unwatched": fu.vs_nothing[em],
+            "floor_pct_epoch": ep.vs_nothing[em],
+            "floor_pct_pread": nw.vs_nothing[em],
+            "floor_pct_pread_unwatched": nu.vs_nothing[em],
+            "probes_ns_per_read": nw_diff.vs_nothing[pr],
+            "probes_ns_per_read_unwatched": nu_diff.vs_nothing[pr],
+            "stalls_only_ns_per_read": nw_diff.vs_nothing[so],
+            "floor_ns_per_read": nw_diff.vs_nothing[em],
+            "floor_ns_per_read_unwatched": nu_diff.vs_nothing[em],
             "lost_events": lost,
             "events_per_second": reads as f64 / secs,
             "samples_per_second": samples_drained as f64 / secs,
@@ -499,7 +515,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             "epoch_files": samples.len(),
         });
         println!(
-            "\nmedians (probes / empty hooks / nothing; {rounds} rounds, pread {pread_rounds}):"
+            "\nmedians (probes / stalls-only / empty hooks / nothing; {rounds} rounds, pread {pread_rounds}) and what each costs against nothing (median of per-round pairs):"
         );
         for (name, p, unit) in [
             ("fio watched", &fw, "IOPS"),
@@ -509,16 +525,23 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             ("warm epoch", &ep, "files/s"),
         ] {
             println!(
-                "  {name:<16} {:>9.0} {:>9.0} {:>9.0} {unit}: probes cost {:>5.1}%, empty hooks {:>5.1}% (paired medians)",
-                p.probes, p.empty, p.nothing, p.probes_vs_nothing, p.empty_vs_nothing
+                "  {name:<16} {:>9.0} {:>9.0} {:>9.0} {:>9.0} {unit:<7}  probes {:>5.1}%  stalls-only {:>5.1}%  empty hooks {:>5.1}%",
+                p.median[0],
+                p.median[1],
+                p.median[2],
+                p.median[3],
+                p.vs_nothing[pr],
+                p.vs_nothing[so],
+                p.vs_nothing[em]
             );
         }
         println!(
-            "probes_ns_per_read {:.0} (empty hooks {:.0})  unwatched {:.0} (empty hooks {:.0})  lost_events {lost}  events_per_second {:.0}  samples_per_second {:.0}",
-            nw_diff.probes_vs_nothing,
-            nw_diff.empty_vs_nothing,
-            nu_diff.probes_vs_nothing,
-            nu_diff.empty_vs_nothing,
+            "probes_ns_per_read {:.0} (unwatched {:.0}), stalls-only {:.0}, empty hooks {:.0} (unwatched {:.0})  lost_events {lost}  events_per_second {:.0}  samples_per_second {:.0}",
+            nw_diff.vs_nothing[pr],
+            nu_diff.vs_nothing[pr],
+            nw_diff.vs_nothing[so],
+            nw_diff.vs_nothing[em],
+            nu_diff.vs_nothing[em],
             reads as f64 / secs,
             samples_drained as f64 / secs
         );
@@ -535,7 +558,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
 }
 
 /// What one state of one round measured.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 struct Round {
     fio_watched: f64,
     fio_unwatched: f64,
