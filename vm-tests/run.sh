@@ -72,7 +72,10 @@ INIT
 
     log="$cache/console-$v.log"
     echo "== $pkg: booting under qemu (TCG), console in $log"
-    timeout 600 qemu-system-x86_64 -machine q35 -accel tcg -m 2048 -smp 2 -nographic -no-reboot \
+    # One vCPU: attaching a tracepoint patches kernel text (jump labels) through int3
+    # breakpoints, and multi-threaded TCG can run a stale translation of the patched code
+    # on the other vCPU after the patch completed: an "Oops: int3" in __schedule on 6.12.
+    timeout 600 qemu-system-x86_64 -machine q35 -accel tcg -m 2048 -smp 1 -nographic -no-reboot \
         -kernel "$vmlinuz" -initrd "$initrd" -append "console=ttyS0 panic=-1 quiet" >"$log" 2>&1 || true
     grep -E "^test |^test result|VMTEST-|panicked|skipped" "$log" || true
     if grep -q "VMTEST-RESULT: rc=0" "$log"; then echo "== $v: ok"; else echo "== $v: FAILED"; fail=1; fi
