@@ -98,13 +98,13 @@ impl Default for AgentConfig {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum StallsMode {
-    /// Every dataset read: stall time, calls, bytes, latency, hit ratio, top waits and the
-    /// access stream the prefetcher learns from. Every syscall on the node passes two
-    /// hooks.
+    /// Every dataset read: stall time, calls, bytes, latency, hit ratio and top waits.
+    /// Every syscall on the node passes two hooks.
     #[default]
     PerRead,
     /// Stall time per workload and dataset only, with no per-syscall hooks: reads that do
-    /// not block cost nothing. No read counts, latency, top waits or access stream.
+    /// not block cost nothing. No read counts, latency, hit ratio or top waits (the
+    /// prefetcher and the autoscaler work as before).
     StallsOnly,
 }
 

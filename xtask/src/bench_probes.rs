@@ -159,8 +159,8 @@ struct Paired {
 }
 
 impl Paired {
-    fn of(h: Hooks, p: &Paired) -> f64 {
-        p.median[h as usize]
+    fn median_of(&self, h: Hooks) -> f64 {
+        self.median[h as usize]
     }
 }
 
@@ -475,10 +475,10 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         );
         let states = |p: &Paired| {
             json!({
-                "probes": Paired::of(Hooks::Probes, p),
-                "stalls_only": Paired::of(Hooks::StallsOnly, p),
-                "empty_hooks": Paired::of(Hooks::Empty, p),
-                "nothing": Paired::of(Hooks::Nothing, p),
+                "probes": p.median_of(Hooks::Probes),
+                "stalls_only": p.median_of(Hooks::StallsOnly),
+                "empty_hooks": p.median_of(Hooks::Empty),
+                "nothing": p.median_of(Hooks::Nothing),
             })
         };
         let figures = json!({
