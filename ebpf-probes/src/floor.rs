@@ -1,10 +1,9 @@
 //! The floor the probes are measured against: empty programs on the same per-syscall
 //! hooks (`bpf/floor.bpf.c`). For benchmarks only; the agent never loads them.
 
-use aya::programs::BtfTracePoint;
 use aya::{Btf, Ebpf};
 
-use crate::probes::{BTF_PATH, ProbeError, check_capabilities};
+use crate::probes::{BTF_PATH, ProbeError, attach_btf_tracepoint, check_capabilities};
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!("../bpf/floor.bpf.o");
 
@@ -34,15 +33,7 @@ impl EmptySyscallHooks {
             ("floor_sys_enter", "sys_enter"),
             ("floor_sys_exit", "sys_exit"),
         ] {
-            let prog: &mut BtfTracePoint = ebpf
-                .program_mut(program)
-                .ok_or(ProbeError::MissingFromObject(program))?
-                .try_into()
-                .map_err(|source| ProbeError::Program { program, source })?;
-            prog.load(tracepoint, &btf)
-                .map_err(|source| ProbeError::Program { program, source })?;
-            prog.attach()
-                .map_err(|source| ProbeError::Program { program, source })?;
+            attach_btf_tracepoint(&mut ebpf, &btf, program, tracepoint)?;
         }
         Ok(Self { _ebpf: ebpf })
     }

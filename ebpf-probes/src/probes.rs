@@ -282,15 +282,7 @@ impl Probes {
             if config.mode == ProbeMode::StallsOnly && PER_READ_ONLY.contains(&program) {
                 continue;
             }
-            let prog: &mut BtfTracePoint = ebpf
-                .program_mut(program)
-                .ok_or(ProbeError::MissingFromObject(program))?
-                .try_into()
-                .map_err(|source| ProbeError::Program { program, source })?;
-            prog.load(tracepoint, &btf)
-                .map_err(|source| ProbeError::Program { program, source })?;
-            prog.attach()
-                .map_err(|source| ProbeError::Program { program, source })?;
+            attach_btf_tracepoint(&mut ebpf, &btf, program, tracepoint)?;
         }
         for &(program, category, name) in TRACEPOINTS {
             if unavailable
@@ -510,6 +502,26 @@ where
 }
 
 /// Needs CAP_SYS_ADMIN, or CAP_BPF with CAP_PERFMON (tracepoints are perf events).
+/// Load `program` of `ebpf` and attach it to the BTF tracepoint `tracepoint`; the link
+/// lives as long as `ebpf`.
+pub(crate) fn attach_btf_tracepoint(
+    ebpf: &mut Ebpf,
+    btf: &Btf,
+    program: &'static str,
+    tracepoint: &str,
+) -> Result<(), ProbeError> {
+    let prog: &mut BtfTracePoint = ebpf
+        .program_mut(program)
+        .ok_or(ProbeError::MissingFromObject(program))?
+        .try_into()
+        .map_err(|source| ProbeError::Program { program, source })?;
+    prog.load(tracepoint, btf)
+        .map_err(|source| ProbeError::Program { program, source })?;
+    prog.attach()
+        .map_err(|source| ProbeError::Program { program, source })?;
+    Ok(())
+}
+
 pub(crate) fn check_capabilities() -> Result<(), ProbeError> {
     const CAP_SYS_ADMIN: u32 = 21;
     const CAP_PERFMON: u32 = 38;
