@@ -501,7 +501,6 @@ where
     T::try_from(map).map_err(|source| ProbeError::Map { map: name, source })
 }
 
-/// Needs CAP_SYS_ADMIN, or CAP_BPF with CAP_PERFMON (tracepoints are perf events).
 /// Load `program` of `ebpf` and attach it to the BTF tracepoint `tracepoint`; the link
 /// lives as long as `ebpf`.
 pub(crate) fn attach_btf_tracepoint(
@@ -522,6 +521,7 @@ pub(crate) fn attach_btf_tracepoint(
     Ok(())
 }
 
+/// Needs CAP_SYS_ADMIN, or CAP_BPF with CAP_PERFMON (tracepoints are perf events).
 pub(crate) fn check_capabilities() -> Result<(), ProbeError> {
     const CAP_SYS_ADMIN: u32 = 21;
     const CAP_PERFMON: u32 = 38;
