@@ -1,14 +1,16 @@
 //! `cargo xtask bench probes`: what the eBPF stall probes cost.
 //!
-//! In one run, in rounds that each measure three states in a rotating order (the median
-//! round of each state is reported): the probes attached; nothing attached; and, as the
-//! floor, empty programs on the same per-syscall hooks ([`EmptySyscallHooks`]), which is
-//! the least any design that follows every read(2) on the node costs. It measures:
+//! In one run, in rounds that each measure four states in a rotating order ([`order`]):
+//! the probes attached (per-read mode, as the agent loads them by default); the probes in
+//! stalls-only mode; as the floor, empty programs on the same per-syscall hooks
+//! ([`EmptySyscallHooks`]), the least any design that follows every read(2) on the node
+//! costs; and nothing attached. Costs are medians of per-round pairs with "nothing"
+//! ([`paired`]). It measures:
 //! - fio, 4 KiB random reads with psync from the page cache, several jobs, on a tmpfs the
 //!   probes watch (every read is a dataset read: counted, histogrammed, sampled) and on
 //!   one they do not watch (every read still passes the syscall tracepoints);
 //! - the same reads from one process pinned to one CPU (`xtask pread-loop`), in ns per
-//!   read, the fastest of three processes: finer than fio's rate on a shared machine;
+//!   read, in short rounds of their own: finer than fio's rate on a shared machine;
 //! - the warm epoch of the epoch benchmark (random order, 8 readers) through a real
 //!   `sluice agent` over a generated ImageNet-like dataset (file:// source; the warm epoch
 //!   is served from the agent's memory tier, the page cache dropped before each round).
