@@ -257,17 +257,31 @@ pub fn upload(
                 let local = local.join(&rel);
                 let progress = progress.clone();
                 async move {
-                    let data = tokio::fs::read(&local).await?;
                     let path = object_store::path::Path::from(format!("{prefix}/{rel}"));
                     if size > 64 << 20 {
+                        // Streamed, at most 8 parts in flight: `write` alone starts every part
+                        // at once, and a 4 GiB checkpoint's ~800 parts stall SeaweedFS until
+                        // its volume assignment times out.
+                        use tokio::io::AsyncReadExt;
+                        let mut file = tokio::fs::File::open(&local).await?;
                         let mut up =
                             object_store::WriteMultipart::new(store.put_multipart(&path).await?);
-                        up.write(&data);
+                        let mut buf = vec![0u8; 8 << 20];
+                        loop {
+                            up.wait_for_capacity(8).await?;
+                            let n = file.read(&mut buf).await?;
+                            if n == 0 {
+                                break;
+                            }
+                            up.write(&buf[..n]);
+                            progress.inc(n as u64);
+                        }
                         up.finish().await?;
                     } else {
+                        let data = tokio::fs::read(&local).await?;
                         store.put(&path, data.into()).await?;
+                        progress.inc(size);
                     }
-                    progress.inc(size);
                     Ok(())
                 }
             })
