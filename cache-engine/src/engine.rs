@@ -613,6 +613,7 @@ pub(crate) async fn insert(p: &Partition, key: Key, value: Bytes) -> Result<(), 
     }
     let disk = &inner.disks[inner.disk_for(&key)];
     let crc = entry_crc(&key, &value);
+    disk.wait_for_room().await;
     let appended = match disk.append(key, p.id, 0, &value, crc) {
         Ok(a) => a,
         Err(source) => {

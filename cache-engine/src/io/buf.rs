@@ -81,43 +81,49 @@ impl Drop for AlignedBuf {
     }
 }
 
-/// Large read buffers are recycled: a fresh multi-MiB allocation is a fresh mmap whose
-/// pages the kernel must fault in and zero on every read.
+/// Large read buffers are recycled: a fresh multi-MiB allocation is memory the allocator
+/// must zero (or the kernel fault in) on every read.
+///
+/// Buffers are exactly the (page-aligned) size asked for, not rounded to a size class: a
+/// read's `Bytes` may live on in the memory tier, which counts the value's bytes, so a 4
+/// MiB block at an unaligned offset must not sit in an 8 MiB buffer (it did, and a 1 GiB
+/// memory tier held 3 GiB). The blocks of a dataset come in a few sizes, so exact sizes
+/// still recycle.
 pub(crate) mod pool {
+    use std::collections::HashMap;
     use std::sync::Mutex;
 
     use bytes::Bytes;
 
-    use super::{ALIGN, AlignedBuf};
+    use super::{ALIGN, AlignedBuf, align_up};
 
-    /// Size classes: powers of two from 64 KiB to 8 MiB.
-    const MIN_SHIFT: u32 = 16;
-    const CLASSES: usize = 8;
-    /// Buffers kept per class.
-    const KEEP: usize = 16;
+    /// Reads from this size up are recycled (smaller ones are cheap to allocate).
+    const MIN: usize = 64 << 10;
+    /// Idle bytes kept: about the reads in flight. What the pool holds is outside the
+    /// memory budget.
+    const KEEP_BYTES: usize = 32 << 20;
+    /// Idle buffers kept per size.
+    const KEEP_PER_SIZE: usize = 16;
 
-    static POOL: [Mutex<Vec<AlignedBuf>>; CLASSES] = [const { Mutex::new(Vec::new()) }; CLASSES];
-
-    fn class(len: usize) -> Option<usize> {
-        let shift = len
-            .max(ALIGN)
-            .next_power_of_two()
-            .trailing_zeros()
-            .max(MIN_SHIFT);
-        let c = (shift - MIN_SHIFT) as usize;
-        (c < CLASSES).then_some(c)
+    #[derive(Default)]
+    struct Idle {
+        by_size: HashMap<usize, Vec<AlignedBuf>>,
+        bytes: usize,
     }
 
-    /// A buffer of at least `len` bytes, recycled when possible.
+    static POOL: Mutex<Option<Idle>> = Mutex::new(None);
+
+    /// A buffer of `len` bytes rounded up to [`ALIGN`], recycled when possible.
     pub(crate) fn take(len: usize) -> AlignedBuf {
-        match class(len) {
-            Some(c) => POOL[c]
-                .lock()
-                .unwrap()
-                .pop()
-                .unwrap_or_else(|| AlignedBuf::zeroed(1 << (c as u32 + MIN_SHIFT))),
-            None => AlignedBuf::zeroed(len),
+        let size = align_up(len.max(ALIGN) as u64) as usize;
+        if size >= MIN
+            && let Some(idle) = POOL.lock().unwrap().as_mut()
+            && let Some(buf) = idle.by_size.get_mut(&size).and_then(Vec::pop)
+        {
+            idle.bytes -= size;
+            return buf;
         }
+        AlignedBuf::zeroed(size)
     }
 
     /// Owner of a pooled buffer inside a `Bytes`: hands it back on drop.
@@ -131,15 +137,19 @@ pub(crate) mod pool {
 
     impl Drop for Pooled {
         fn drop(&mut self) {
-            if let Some(buf) = self.0.take()
-                && buf.len().is_power_of_two()
-                && let Some(c) = class(buf.len())
-                && buf.len() == 1 << (c as u32 + MIN_SHIFT)
-            {
-                let mut keep = POOL[c].lock().unwrap();
-                if keep.len() < KEEP {
-                    keep.push(buf);
-                }
+            let Some(buf) = self.0.take() else { return };
+            if buf.len() < MIN {
+                return;
+            }
+            let mut pool = POOL.lock().unwrap();
+            let idle = pool.get_or_insert_with(Idle::default);
+            if idle.bytes + buf.len() > KEEP_BYTES {
+                return;
+            }
+            let same = idle.by_size.entry(buf.len()).or_default();
+            if same.len() < KEEP_PER_SIZE {
+                idle.bytes += buf.len();
+                same.push(buf);
             }
         }
     }
@@ -147,5 +157,24 @@ pub(crate) mod pool {
     /// The first `n` bytes of `buf` as `Bytes`, without a copy.
     pub(crate) fn into_bytes(buf: AlignedBuf, n: usize) -> Bytes {
         Bytes::from_owner(Pooled(Some(buf))).slice(..n)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn a_buffer_is_its_aligned_size_and_comes_back() {
+            let len = (4 << 20) + 100;
+            let buf = take(len);
+            assert_eq!(
+                buf.len(),
+                (4 << 20) + ALIGN,
+                "not rounded to a power of two"
+            );
+            let addr = buf.as_ptr() as usize;
+            drop(into_bytes(buf, len));
+            assert_eq!(take(len).as_ptr() as usize, addr, "recycled");
+        }
     }
 }
