@@ -150,10 +150,9 @@ pub async fn run(config_path: &Path) -> Result<()> {
     }
 
     // Listing and parsing left their transient allocations (every key as a String, the JSON
-    // of the persisted tree) in malloc's free lists; give them back so the agent's resident
-    // size is what the compact trees hold.
-    // SAFETY: malloc_trim only releases free heap memory; it has no preconditions.
-    unsafe { libc::malloc_trim(0) };
+    // of the persisted tree) in the allocator's free pages; give them back so the agent's
+    // resident size is what the compact trees hold.
+    crate::alloc::release_free_memory();
 
     // The fd keeper outlives us, so a crash leaves mounts alive for the next agent.
     let store = match FdStore::connect_or_spawn(&agent.state_dir.join("fdstore.sock")) {

@@ -1,6 +1,7 @@
 //! `sluice`: the node agent and its command line.
 
 mod admin;
+mod alloc;
 mod cli;
 mod control;
 mod daemon;
