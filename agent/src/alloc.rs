@@ -6,8 +6,7 @@
 //! 256 MiB tier read as a 1.5 GiB file left the agent at 1.1 GiB resident (heaptrack: 306
 //! MiB live at peak), and the full peers run saw 3 GiB at a 1 GiB budget. With jemalloc,
 //! one arena and freed pages handed back by a background thread within about a second, the
-//! same read peaks at about 450 MiB and 128 MiB of small files at about 170 MiB
-//! (docs/benchmarks.md, "Agent memory").
+//! same read peaks at 354 to 451 MiB (docs/benchmarks.md, "Agent memory").
 
 #[global_allocator]
 static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
