@@ -975,6 +975,30 @@ impl Report {
 }
 
 /// Replaces the section under `heading` (up to the next `## `) or appends it.
+/// " from commit abc1234" (with "+ local changes" when the tree differs), or nothing
+/// outside a git checkout: which code the figures measured.
+fn source_commit() -> String {
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    match git(&["rev-parse", "--short", "HEAD"]) {
+        Some(commit) => {
+            let dirty = git(&["status", "--porcelain", "--untracked-files=no"])
+                .is_some_and(|s| !s.is_empty());
+            format!(
+                " from commit {commit}{}",
+                if dirty { " + local changes" } else { "" }
+            )
+        }
+        None => String::new(),
+    }
+}
+
 fn replace_section(doc: &str, heading: &str, section: &str) -> String {
     let Some(start) = doc.find(&format!("{heading}\n")) else {
         return format!("{}\n\n{}", doc.trim_end(), section);
@@ -1028,7 +1052,11 @@ impl Report {
             }
             (false, _) => "cargo xtask bench peers --json peers.json",
         };
-        let _ = writeln!(out, "Written by `{cmd}` (as root). Issue #5.");
+        let _ = writeln!(
+            out,
+            "Written by `{cmd}` (as root){}. Issue #5.",
+            source_commit()
+        );
         let _ = writeln!(
             out,
             "\nFull runs rewrite this section and `docs/plots/peers-*.svg`; quick runs write theirs under `target/bench/peers/` unless `SLUICE_BENCH_WRITE_DOCS=1`. `SLUICE_BENCH_ONLY=rclone,s3fs` runs a subset (docs untouched), `SLUICE_BENCH_NO_AGENT=1` leaves Sluice out, and `SLUICE_BENCH_TORCH=1 .ci/install-deps` installs s3torchconnector (full runs need it; quick runs include it with `SLUICE_BENCH_TORCH=1`)."
@@ -1205,7 +1233,7 @@ impl Report {
                     sys.title()
                 );
             }
-            for line in self.losses(w) {
+            for line in self.losses(w).into_iter().chain(self.read_errors(w)) {
                 let _ = writeln!(out, "\n{line}");
             }
             match w {
@@ -1223,6 +1251,24 @@ impl Report {
         }
         let _ = writeln!(out, "\nRatios in `--json`: {}", self.ratios());
         out
+    }
+
+    /// A line for every system whose reads failed in workload `w` (a failed read adds no
+    /// bytes, so its rates count only the reads that succeeded).
+    fn read_errors(&self, w: usize) -> Vec<String> {
+        self.results[w]
+            .iter()
+            .filter_map(|(sys, run)| {
+                let failed: usize = run.measures.iter().map(|m| m.errors).sum();
+                let reads: usize = run.measures.iter().map(|m| m.files).sum();
+                (failed > 0).then(|| {
+                    format!(
+                        "Read errors: {} failed {failed} of {reads} reads here; its rates count only the reads that succeeded.",
+                        sys.title()
+                    )
+                })
+            })
+            .collect()
     }
 
     /// Honest lines for every peer that beats Sluice in workload `w`.
