@@ -248,7 +248,7 @@ impl Probes {
                 path: BTF_PATH.into(),
             });
         }
-        let tracefs = find_tracefs().ok_or(ProbeError::TracefsMissing)?;
+        let tracefs = find_or_mount_tracefs().ok_or(ProbeError::TracefsMissing)?;
         let unavailable = check_tracepoints(&tracefs, config.require_all_tracepoints)?;
         for tp in &unavailable {
             tracing::warn!(tracepoint = %tp, "tracepoint missing on this kernel: running without it");
@@ -545,6 +545,34 @@ fn find_tracefs() -> Option<PathBuf> {
         .iter()
         .map(PathBuf::from)
         .find(|p| p.join("events").is_dir())
+}
+
+/// The tracefs mount; when there is none, mounts it at its standard place if we may. systemd
+/// mounts it at boot, but a container, or a VM booted without systemd, may never have (a
+/// fresh CI machine did not), and an agent with CAP_SYS_ADMIN would otherwise run blind.
+fn find_or_mount_tracefs() -> Option<PathBuf> {
+    if let Some(found) = find_tracefs() {
+        return Some(found);
+    }
+    let target = TRACEFS_CANDIDATES[0];
+    let c = |s: &str| std::ffi::CString::new(s).expect("no NUL");
+    let (source, dir, fstype) = (c("nodev"), c(target), c("tracefs"));
+    // SAFETY: NUL-terminated strings that outlive the call; no mount data.
+    let rc = unsafe {
+        libc::mount(
+            source.as_ptr(),
+            dir.as_ptr(),
+            fstype.as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if rc != 0 {
+        tracing::debug!(error = %std::io::Error::last_os_error(), "cannot mount tracefs at {target}");
+        return None;
+    }
+    tracing::info!("tracefs was not mounted: mounted it at {target}");
+    find_tracefs()
 }
 
 /// Check that the tracepoints of [`TRACEPOINTS`] exist under `tracefs/events`: a missing
