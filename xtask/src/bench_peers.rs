@@ -974,7 +974,6 @@ impl Report {
     }
 }
 
-/// Replaces the section under `heading` (up to the next `## `) or appends it.
 /// " from commit abc1234" (with "+ local changes" when the tree differs), or nothing
 /// outside a git checkout: which code the figures measured.
 fn source_commit() -> String {
@@ -999,6 +998,7 @@ fn source_commit() -> String {
     }
 }
 
+/// Replaces the section under `heading` (up to the next `## `) or appends it.
 fn replace_section(doc: &str, heading: &str, section: &str) -> String {
     let Some(start) = doc.find(&format!("{heading}\n")) else {
         return format!("{}\n\n{}", doc.trim_end(), section);
